@@ -1,0 +1,24 @@
+"""course_lib: the helpers behind the course's notebooks, one module per stage of the pipeline.
+
+    import course_lib
+    model, tokenizer = course_lib.load_model()
+
+Modules: runtime (device, dtype, timing), loading (model and tokenizer), tokenization, forward,
+generation, plots (pictures only). Nothing heavy is imported until it is used.
+"""
+import importlib
+
+__version__ = "0.1.0"
+_EXPORTS = {
+    "load_model": "loading",
+    "resolve_device": "runtime",
+    "seed_everything": "runtime",
+    "cl100k": "tokenization",
+}
+
+
+def __getattr__(name):
+    # Lazy, so `python -m course_lib doctor` can report a missing package instead of crashing on import.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'course_lib' has no attribute {name!r}")

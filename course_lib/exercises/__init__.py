@@ -1,0 +1,21 @@
+"""Self-checking exercises: each check runs the learner's answer against the real model and says
+right or wrong, with a hint. One module per lesson (lesson00.py, ...); every check returns a bool
+(so tests can show it accepts a right answer and rejects a wrong one) and prints its verdict.
+"""
+from __future__ import annotations
+
+
+def verdict(ok: bool, success: str, hint: str) -> bool:
+    """Print a one-line verdict for the learner and return ok."""
+    print(("✅ Correct: " + success) if ok else ("❌ Not yet: " + hint))
+    return ok
+
+
+def safely(fn, *args):
+    """Call the learner's function; an exception becomes (False, message) instead of a traceback."""
+    try:
+        return True, fn(*args)
+    except NotImplementedError:
+        return False, "the function still raises NotImplementedError: replace `...` with your code"
+    except Exception as err:  # noqa: BLE001 - a learner's bug becomes a hint
+        return False, f"your function raised {type(err).__name__}: {err}"

@@ -1,0 +1,150 @@
+"""Device, dtype, seeds and honest timing, chosen in one place.
+
+What it does: turns a device request ("auto", "cpu", "cuda", "cuda:1", "mps") into a checked
+`torch.device`, picks the dtype that device runs best (bfloat16 on CUDA, float32 elsewhere), seeds
+every random generator, and times work the way gpt-fast does (synchronize, perf_counter, warm-up).
+Overrides: COURSE_DEVICE and COURSE_DTYPE environment variables, read when a function is called.
+What it does not do: move models or pick a GPU among several for you (ask for "cuda:N").
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class DeviceError(ValueError):
+    """A device request that is malformed or names hardware this machine does not have."""
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+
+def resolve_device(request: str | None = None) -> torch.device:
+    """Checked device for a request; None reads COURSE_DEVICE, then "auto" (CUDA, then MPS, then CPU).
+    Example: resolve_device("cpu") -> device(type='cpu')"""
+    if request is None:
+        request = os.environ.get("COURSE_DEVICE", "auto")
+    if not isinstance(request, str):
+        raise DeviceError(f"device must be a string such as 'auto', 'cpu' or 'cuda', not {request!r}")
+    text = request.strip().lower()
+    if not _DEVICE_PATTERN.match(text):
+        raise DeviceError(
+            f"unknown device {request!r}: use 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps' "
+            "(argument `device=` or environment variable COURSE_DEVICE)")
+    if text == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps") if _mps_available() else torch.device("cpu")
+    if text.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"device {request!r} was requested but this machine has no CUDA GPU that torch can use "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'no'}). "
+                "Use device='auto' or 'cpu', or unset COURSE_DEVICE.")
+        index = int(text.split(":")[1]) if ":" in text else 0
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"device {request!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return torch.device(text)
+    if text == "mps" and not _mps_available():
+        raise DeviceError("device 'mps' was requested but Apple's MPS backend is not available here; use 'auto'")
+    return torch.device(text)
+
+
+def default_dtype(device: torch.device, request: str | torch.dtype | None = None) -> torch.dtype:
+    """bfloat16 on CUDA, float32 on CPU and MPS; `request` or COURSE_DTYPE override it.
+    Example: default_dtype(torch.device("cpu")) -> torch.float32"""
+    if isinstance(request, torch.dtype):
+        return request
+    request = request or os.environ.get("COURSE_DTYPE")
+    if request:
+        if request not in DTYPES:
+            raise ValueError(f"unknown dtype {request!r}: use one of {sorted(DTYPES)}")
+        return DTYPES[request]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy (if present) and torch on every device, so a run can be repeated."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed % 2**32)
+    except ImportError:  # numpy is optional for this helper
+        pass
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued GPU work; without it a GPU timing measures only the kernel launch."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def describe_device(device: torch.device) -> dict:
+    """Name and memory of a device, as plain data (for the doctor and the benchmark files)."""
+    info = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1))
+    elif device.type == "cpu":
+        info.update(name=f"CPU ({os.cpu_count()} logical cores)")
+    else:
+        info.update(name=device.type.upper())
+    return info
+
+
+@dataclass
+class Timing:
+    """Seconds measured for one piece of work; `seconds` holds every repeat, `best` the fastest."""
+    label: str
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def best(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.seconds) / len(self.seconds)
+
+
+def time_it(fn: Callable[[], object], device: torch.device | str = "cpu", *, label: str = "",
+            repeats: int = 3, warmup: int = 1) -> Timing:
+    """Time fn() honestly: warm up, synchronize before and after each run, keep every repeat."""
+    for _ in range(warmup):
+        fn()
+    timing = Timing(label)
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        timing.seconds.append(time.perf_counter() - start)
+    return timing
+
+
+@contextmanager
+def stopwatch(device: torch.device | str = "cpu") -> Iterator[dict]:
+    """`with stopwatch(dev) as t: ...` then t["seconds"]: one synchronized wall-clock measurement."""
+    record = {"seconds": float("nan")}
+    synchronize(device)
+    start = time.perf_counter()
+    try:
+        yield record
+    finally:
+        synchronize(device)
+        record["seconds"] = time.perf_counter() - start

@@ -1,0 +1,28 @@
+import subprocess
+import sys
+
+from course_lib.doctor import Check, format_table, run_checks
+
+
+def test_doctor_passes_on_a_set_up_machine(smol):
+    checks = run_checks()
+    failed = [c for c in checks if not c.ok]
+    assert not failed, format_table(checks)
+    names = {c.name for c in checks}
+    assert {"python", "torch", "transformers", "tiktoken", "ipywidgets", "jupyterlab", "device", "model file",
+            "weight cache", "generation", "jupyter kernel", "widgets extension"} <= names
+    assert "Paris" in next(c.detail for c in checks if c.name == "generation")
+
+
+def test_doctor_fails_with_fixes_when_the_model_is_missing(tmp_path):
+    env = {"COURSE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "course_lib", "doctor"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL" in proc.stdout and "fix: make setup" in proc.stdout
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_table_lists_fixes_only_for_failures():
+    table = format_table([Check("a", True, "fine", "never shown"), Check("b", False, "broken", "do this")])
+    assert "never shown" not in table and "fix: do this" in table and "1/2 checks passed" in table

@@ -1,0 +1,51 @@
+"""Every notebook runs top to bottom on the CPU, is committed without outputs, and matches its source."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS and NOTEBOOKS[0].name == "00_pipeline_tour.ipynb"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs(path):
+    nb = json.loads(path.read_text())
+    assert not any(c.get("outputs") or c.get("execution_count") for c in nb["cells"] if c["cell_type"] == "code")
+
+
+def test_notebooks_match_their_sources():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_notebooks.py"), "--check"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_notebook_shape():
+    tool = ROOT.parent / "shared" / "tools" / "notebook_shape.py"
+    if not tool.exists():
+        pytest.skip("the house shape checker (../shared/tools) is not beside this checkout")
+    proc = subprocess.run([sys.executable, str(tool)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path, monkeypatch):
+    monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="llm-course", resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, ARTIFACTS / path.name)  # the executed copy, for a look after the run
