@@ -54,3 +54,78 @@ def plot_token_probs(texts: list[str], probs: list[float], ax=None, title: str =
     ax.set_ylabel("probability when chosen")
     ax.set_title(title)
     return ax
+
+
+def plot_length_histogram(lengths: dict[str, list[int]], ax=None, max_len: int = 16):
+    """Histogram of vocabulary piece lengths in bytes, one series per tokenizer (share of each vocabulary)."""
+    ax = _axes(ax)
+    bins = list(range(1, max_len + 2))
+    for i, (name, values) in enumerate(lengths.items()):
+        clipped = [min(v, max_len) for v in values]
+        ax.hist(clipped, bins=bins, alpha=0.55, label=f"{name} ({len(values):,} pieces)", color=PALETTE[i],
+                weights=[1 / len(values)] * len(values), align="left")
+    ax.set_xlabel(f"piece length in bytes ({max_len} means {max_len} or more)")
+    ax.set_ylabel("share of the vocabulary")
+    ax.legend()
+    ax.set_title("How long are the pieces in each vocabulary?")
+    return ax
+
+
+def plot_chars_per_token(names: list[str], model: list[float], cl100k: list[float], ax=None):
+    """Grouped bars: characters per token for each text, both tokenizers (higher means cheaper)."""
+    ax = _axes(ax)
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], model, width=0.4, label="SmolLM2", color=PALETTE[0])
+    ax.bar([x + 0.2 for x in xs], cl100k, width=0.4, label="cl100k_base", color=PALETTE[1])
+    ax.set_xticks(list(xs), names, rotation=20, ha="right")
+    ax.set_ylabel("characters per token")
+    ax.legend()
+    ax.set_title("The token economy: more characters per token = cheaper text")
+    return ax
+
+
+ROLE_COLOURS = {"system": PALETTE[4], "default system prompt": PALETTE[5], "user": PALETTE[0],
+                "assistant": PALETTE[2], "generation prompt": PALETTE[1]}
+
+
+def plot_context_parts(parts: list[tuple[str, int]], budget: int | None = None, ax=None,
+                       title: str = "Tokens per part of the context"):
+    """One stacked horizontal bar: each part of the context in its role's colour; a budget line if given."""
+    ax = _axes(ax, (8, 1.8))
+    left, seen = 0, set()
+    for label, n in parts:
+        ax.barh([0], [n], left=left, color=ROLE_COLOURS.get(label, PALETTE[7]), edgecolor="white",
+                label=None if label in seen else label)
+        if n >= 8:
+            ax.text(left + n / 2, 0, str(n), ha="center", va="center", fontsize=7, color="white")
+        seen.add(label)
+        left += n
+    if budget is not None:
+        ax.axvline(budget, color="black", linestyle="--", linewidth=1.5)
+        ax.text(budget, 0.45, f" budget {budget}", fontsize=8, va="bottom")
+    ax.set_yticks([])
+    ax.set_xlabel("tokens")
+    ax.set_xlim(0, max(left, budget or 0) * 1.05)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=5, fontsize=8, frameon=False)
+    ax.set_title(title)
+    return ax
+
+
+def plot_kept_messages(roles: list[str], kept: dict[str, list[int]], ax=None,
+                       title: str = "Which messages each strategy keeps"):
+    """Grid: one row per strategy, one column per message; filled = kept, pale = dropped."""
+    ax = _axes(ax, (8, 0.6 * len(kept) + 1.2))
+    for row, (strategy, indices) in enumerate(kept.items()):
+        for col, role in enumerate(roles):
+            on = col in indices
+            ax.add_patch(plt.Rectangle((col, row), 0.9, 0.8, color=ROLE_COLOURS.get(role, PALETTE[7]),
+                                       alpha=1.0 if on else 0.15))
+            ax.text(col + 0.45, row + 0.4, role[0].upper() if on else "×", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, len(roles))
+    ax.set_ylim(0, len(kept))
+    ax.set_yticks([r + 0.4 for r in range(len(kept))], list(kept))
+    ax.set_xticks([c + 0.45 for c in range(len(roles))], [str(c) for c in range(len(roles))])
+    ax.set_xlabel("message index (S system, U user, A assistant; × dropped)")
+    ax.invert_yaxis()
+    ax.set_title(title)
+    return ax

@@ -36,3 +36,77 @@ def test_lesson00_answer(model, tokenizer, capsys):
     assert not lesson00.check_answer(no_template, model, tokenizer)
     assert not lesson00.check_answer(lambda q: (_ for _ in ()).throw(NotImplementedError), model, tokenizer)
     assert "NotImplementedError" in capsys.readouterr().out
+
+
+from collections import Counter
+
+from course_lib.context import context_ids
+from course_lib.exercises import lesson01, lesson02
+from course_lib.tokenization import cl100k
+
+
+def test_lesson01_count_both(tokenizer):
+    right = lambda t: (len(tokenizer(t, add_special_tokens=False)["input_ids"]), len(cl100k().encode(t)))  # noqa: E731
+    assert lesson01.check_count_both(right, tokenizer)
+    assert not lesson01.check_count_both(lambda t: (len(t), len(t)), tokenizer)
+    assert not lesson01.check_count_both(lambda t: right(t)[0], tokenizer)
+
+
+def test_lesson01_space_word_accepts_and_rejects(tokenizer):
+    candidates = ["capital", "station", "library", "window", "garden", "system", "people"]
+    good = [w for w in candidates if len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) == 1
+            and len(tokenizer(w, add_special_tokens=False)["input_ids"]) >= 2]
+    assert good, "none of the candidate words has the property; pick others"
+    assert lesson01.check_space_word(good[0], tokenizer)
+    assert not lesson01.check_space_word("Paris", tokenizer)  # one token both ways
+    assert not lesson01.check_space_word("cat", tokenizer)  # too short
+    assert not lesson01.check_space_word("two words", tokenizer)
+
+
+def test_lesson01_first_merge():
+    def right(text):
+        data = text.encode("utf-8")
+        return Counter(zip(data, data[1:])).most_common(1)[0][0]
+
+    assert lesson01.check_first_merge(right)
+    assert not lesson01.check_first_merge(lambda text: tuple(text[:2].encode()))
+
+
+def test_lesson01_cost(tokenizer):
+    assert lesson01.check_cost(lambda t, p: len(tokenizer(t, add_special_tokens=False)["input_ids"]) * p / 1e6, tokenizer)
+    assert not lesson01.check_cost(lambda t, p: len(t.split()) * p / 1e6, tokenizer)
+
+
+def test_lesson02_count_context(tokenizer):
+    assert lesson02.check_count_context(lambda m: len(context_ids(tokenizer, m)), tokenizer)
+    assert not lesson02.check_count_context(lambda m: len(context_ids(tokenizer, m, add_generation_prompt=False)),
+                                            tokenizer)
+
+
+def test_lesson02_overhead(tokenizer):
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    text = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in chat)
+    assert lesson02.check_overhead(len(context_ids(tokenizer, chat)) - text, tokenizer)
+    assert not lesson02.check_overhead(len(context_ids(tokenizer, chat)), tokenizer)
+    assert not lesson02.check_overhead(None, tokenizer)
+
+
+def test_lesson02_keep_recent(tokenizer):
+    def right(messages, budget):
+        kept = [messages[-1]]
+        for msg in reversed(messages[1:-1]):
+            if len(context_ids(tokenizer, [messages[0], msg] + kept)) > budget:
+                break
+            kept.insert(0, msg)
+        return [messages[0]] + kept
+
+    assert lesson02.check_keep_recent(right, tokenizer)
+    assert not lesson02.check_keep_recent(lambda m, b: [m[0], m[-1]], tokenizer)  # not maximal
+    assert not lesson02.check_keep_recent(lambda m, b: m, tokenizer)  # over budget
+
+
+def test_lesson02_rescue(model, tokenizer):
+    assert lesson02.check_rescue("You are a helpful assistant. Answer briefly. The user's dog is called Biscuit.",
+                                 model, tokenizer)
+    assert not lesson02.check_rescue("You are a helpful assistant. Answer briefly.", model, tokenizer)
+    assert not lesson02.check_rescue("", model, tokenizer)

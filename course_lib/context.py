@@ -1,0 +1,141 @@
+"""Context assembly: messages to the exact string and tokens the model reads, and what fits.
+
+What it does: checks a chat (a list of {"role", "content"} messages), renders it with the model's
+own chat template, splits the result into labelled segments (one per message, plus any default
+system prompt the template adds and the generation prompt), counts tokens against a budget, and
+fits an overlong conversation into a budget with one of three strategies: drop the oldest turns
+(keeping the system prompt), cut the middle (keeping the first turn and the latest), or refuse.
+What it does not do: summarise dropped turns or count tokens for a template other than the model's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROLES = ("system", "user", "assistant")
+STRATEGIES = ("drop_oldest", "truncate_middle", "refuse")
+
+
+class ContextOverflowError(ValueError):
+    """The conversation does not fit the token budget (and the strategy may not or cannot shorten it)."""
+
+
+def validate_messages(messages) -> list[dict]:
+    """Check a chat before it reaches the template; returns it unchanged, or raises with the index at fault."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {msg!r:.80}")
+        if msg["role"] not in ROLES:
+            raise ValueError(f"message {i} has unknown role {msg['role']!r}; use one of {ROLES}")
+        if not isinstance(msg["content"], str):
+            raise TypeError(f"message {i} content must be text (str), not {type(msg['content']).__name__}")
+    return list(messages)
+
+
+def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
+    """The exact string the model reads for these messages."""
+    return tokenizer.apply_chat_template(validate_messages(messages), tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
+    """The token IDs the model reads for these messages."""
+    return tokenizer.apply_chat_template(validate_messages(messages), add_generation_prompt=add_generation_prompt,
+                                         return_dict=True)["input_ids"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    label: str  # "system", "user", "assistant", "default system prompt" or "generation prompt"
+    text: str
+    ids: list[int]
+
+
+def segments(tokenizer, messages, add_generation_prompt: bool = True) -> list[Segment]:
+    """The rendered context cut into labelled parts; their IDs concatenated equal context_ids()."""
+    messages = validate_messages(messages)
+    out, done = [], ""
+    prefixes = [(m["role"], messages[: i + 1], False) for i, m in enumerate(messages)]
+    if add_generation_prompt:
+        prefixes.append(("generation prompt", messages, True))
+    for label, prefix, gen in prefixes:
+        full = tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=gen)
+        assert full.startswith(done), "the chat template is not additive; segments cannot be split"
+        piece = full[len(done):]
+        if label != "system" and not done and piece.startswith("<|im_start|>system") and messages[0]["role"] != "system":
+            # subtle: this template silently adds a default system prompt when none is given
+            cut = piece.index("<|im_end|>") + len("<|im_end|>\n")
+            out.append(Segment("default system prompt", piece[:cut], _ids(tokenizer, piece[:cut])))
+            piece = piece[cut:]
+        out.append(Segment(label, piece, _ids(tokenizer, piece)))
+        done = full
+    return out
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    used: int
+    budget: int
+    parts: list[tuple[str, int]]  # (segment label, tokens), in context order
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - self.used
+
+    @property
+    def fits(self) -> bool:
+        return self.used <= self.budget
+
+
+def budget_report(tokenizer, messages, budget: int) -> Budget:
+    """How many tokens each part uses and how many remain of a budget."""
+    segs = segments(tokenizer, messages)
+    parts = [(s.label, len(s.ids)) for s in segs]
+    return Budget(sum(n for _, n in parts), budget, parts)
+
+
+@dataclass(frozen=True)
+class Fit:
+    strategy: str
+    messages: list[dict]  # what the model will see
+    dropped: list[int]  # indices into the original messages
+    tokens: int
+
+
+def fit_to_budget(tokenizer, messages, budget: int, strategy: str = "drop_oldest") -> Fit:
+    """Shorten a conversation until its context (with generation prompt) fits `budget` tokens.
+    The system prompt and the latest message are always kept; "refuse" raises instead of dropping."""
+    messages = validate_messages(messages)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
+    if not isinstance(budget, int) or budget < 1:
+        raise ValueError(f"budget must be a positive number of tokens, got {budget!r}")
+    count = lambda keep: len(context_ids(tokenizer, [messages[i] for i in keep]))  # noqa: E731
+    keep = list(range(len(messages)))
+    has_system = messages[0]["role"] == "system"
+    if has_system and count([0]) > budget:
+        raise ContextOverflowError(f"the system prompt alone (with the generation prompt) takes {count([0])} tokens, more than the budget of {budget}")
+    if count(keep) <= budget:
+        return Fit(strategy, messages, [], count(keep))
+    if strategy == "refuse":
+        raise ContextOverflowError(f"the conversation needs {count(keep)} tokens but the budget is {budget}; "
+                                   "shorten it or choose a strategy that drops turns")
+    protected = {0} if has_system else set()
+    protected.add(len(messages) - 1)
+    if strategy == "truncate_middle":
+        first = 1 if has_system else 0
+        protected.update(i for i in (first, first + 1) if i < len(messages) - 1)
+    droppable = [i for i in keep if i not in protected]
+    while count(keep) > budget and droppable:
+        i = droppable.pop(0)
+        keep.remove(i)
+        if droppable and droppable[0] == i + 1 and messages[i + 1]["role"] == "assistant":
+            keep.remove(droppable.pop(0))  # drop the reply with its question: whole turns go
+    if count(keep) > budget:
+        raise ContextOverflowError(f"even the kept messages need {count(keep)} tokens, more than the budget of {budget}")
+    return Fit(strategy, [messages[i] for i in keep], [i for i in range(len(messages)) if i not in keep], count(keep))

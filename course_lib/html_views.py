@@ -1,0 +1,59 @@
+"""Self-contained HTML views: tokens as coloured chips, a chat context with its roles coloured.
+
+What it does: returns HTML strings with inline styles only (no script, no CDN), so they render in
+JupyterLab, in a static HTML page, and offline. What it does not do: compute tokens (tokenization.py,
+context.py) or anything interactive (widgets.py).
+"""
+from __future__ import annotations
+
+import html
+
+CHIP_COLOURS = ["#FDE2C2", "#C9E4F6", "#D5EFC8", "#F6CFE0", "#E3D7F3", "#FFF1B8", "#CDEDEA"]
+
+
+def _visible(text: str) -> str:
+    """Make whitespace visible: space -> ␣, newline -> ↵, tab -> →."""
+    return html.escape(text.replace(" ", "␣").replace("\n", "↵").replace("\t", "→"))
+
+
+def token_chips(tokens, title: str = "") -> str:
+    """One coloured chip per token with its ID underneath; special tokens dark, byte fragments dashed."""
+    chips = []
+    for n, tok in enumerate(tokens):
+        if tok.special:
+            style = "background:#333;color:#fff"
+        else:
+            style = f"background:{CHIP_COLOURS[n % len(CHIP_COLOURS)]};color:#111"
+        border = "1px dashed #C44E52" if not tok.complete else "1px solid #0002"
+        chips.append(
+            f'<span title="token ID {tok.id}" style="display:inline-flex;flex-direction:column;align-items:center;'
+            f'margin:2px;padding:1px 4px;border-radius:4px;border:{border};{style};font-family:monospace">'
+            f'<span style="white-space:pre">{_visible(tok.text)}</span>'
+            f'<span style="font-size:9px;opacity:.7">{tok.id}</span></span>')
+    head = f'<div style="font-weight:bold;margin-top:6px">{_visible(title).replace("␣", " ")}</div>' if title else ""
+    return f'{head}<div style="line-height:2.2">{"".join(chips)}</div>'
+
+
+def compare(model_tokens, cl100k_tokens, model_name: str = "SmolLM2 tokenizer") -> str:
+    """Both tokenizations of one text, one above the other, with their counts."""
+    return (token_chips(model_tokens, f"{model_name}: {len(model_tokens)} tokens")
+            + token_chips(cl100k_tokens, f"cl100k_base (GPT-4): {len(cl100k_tokens)} tokens"))
+
+
+
+ROLE_COLOURS = {"system": "#E3D7F3", "default system prompt": "#F3E3D7", "user": "#C9E4F6",
+                "assistant": "#D5EFC8", "generation prompt": "#FFF1B8"}
+
+
+def context_view(segments) -> str:
+    """The exact rendered context, each segment on the background colour of its role, with token counts."""
+    blocks = []
+    for seg in segments:
+        colour = ROLE_COLOURS.get(seg.label, "#eee")
+        text = html.escape(seg.text)
+        for marker in ("&lt;|im_start|&gt;", "&lt;|im_end|&gt;"):  # special tokens stand out
+            text = text.replace(marker, f'<b style="color:#C44E52">{marker}</b>')
+        blocks.append(f'<div style="background:{colour};padding:2px 6px;margin:1px 0;white-space:pre-wrap;'
+                      f'font-family:monospace;font-size:12px"><span style="float:right;opacity:.6">{seg.label}: '
+                      f'{len(seg.ids)} tokens</span>{text}</div>')
+    return "<div>" + "".join(blocks) + "</div>"
