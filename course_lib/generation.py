@@ -4,14 +4,15 @@ What it does: `prefill` runs the whole prompt once and fills the KV cache; `deco
 new token and reuses the cache; `generate` repeats pick-append until an end-of-turn token, a
 maximum number of new tokens, a stop string, or the context window ends it, and says which one fired.
 Every step is recorded (token, its probability, time) so lessons can show the loop as a table.
-What it does not do: choose tokens other than by the `pick` function you pass (greedy by default;
-sampling.py has the samplers) or batch several prompts (batching.py).
+`stream` yields text as it is produced, through an incremental decoder that never emits half a
+character. What it does not do: choose tokens other than by the `pick` function you pass (greedy by
+default; sampling.py has the samplers) or batch several prompts (batching.py).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -95,11 +96,12 @@ def check_request(model, prompt_ids, max_new_tokens: int) -> list[int]:
     return ids
 
 
-def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
-             pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = (),
-             on_step: Callable[[Step], None] | None = None) -> GenerationResult:
-    """The loop: prefill once, then pick -> append -> decode_step until a stop condition fires.
-    pick maps (V,) logits to a token ID; on_step is called after every step (for live display)."""
+def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
+                   pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = ()
+                   ) -> Iterator[Step]:
+    """The loop as a generator: prefill once, then yield each chosen token as a Step, then
+    decode_step it, until a stop condition fires. The GenerationResult is the generator's return value
+    (generate() and stream() collect it for you)."""
     ids = check_request(model, prompt_ids, max_new_tokens)
     stop_ids = end_of_turn_ids(model, tokenizer)
     window = model.config.max_position_embeddings
@@ -116,8 +118,7 @@ def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
         step = Step(index, token, tokenizer.decode([token]), prob, time.perf_counter() - start)
         result.token_ids.append(token)
         result.steps.append(step)
-        if on_step:
-            on_step(step)
+        yield step
         if token in stop_ids:
             result.stop_reason = "end_of_turn"
             break
@@ -131,3 +132,63 @@ def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
             logits, cache = decode_step(model, [token], cache)
     result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result
+
+
+def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
+             pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = (),
+             on_step: Callable[[Step], None] | None = None) -> GenerationResult:
+    """The whole loop to the end. pick maps (V,) logits to a token ID (greedy by default);
+    on_step is called after every step (for live display)."""
+    steps = generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings)
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            return done.value
+        if on_step:
+            on_step(step)
+
+
+class IncrementalDecoder:
+    """Turns token IDs into text pieces as they arrive, never emitting half a character.
+    A byte-level tokenizer can split one character (an emoji, a CJK character, an accented letter)
+    across tokens; decoding such a token alone gives U+FFFD. We hold text back while the decoded tail
+    is incomplete, and the pieces always join to exactly the full decoded text."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the new complete text (possibly "")."""
+        self.ids.append(int(token_id))
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        if text.endswith("\ufffd"):  # subtle: the last character is still missing bytes
+            return ""
+        piece, self.emitted = text[len(self.emitted):], text
+        return piece
+
+    def flush(self) -> str:
+        """Whatever is left at the end (an incomplete character is emitted as U+FFFD, like a full decode)."""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+        piece, self.emitted = text[len(self.emitted):], text
+        return piece
+
+
+def naive_pieces(tokenizer, token_ids) -> list[str]:
+    """Each token decoded on its own: what a careless streamer sends (broken characters included)."""
+    return [tokenizer.decode([t], skip_special_tokens=True) for t in token_ids]
+
+
+def stream(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
+           pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = ()) -> Iterator[str]:
+    """Yield the answer as text pieces while it is generated; "".join(pieces) == generate(...).text."""
+    decoder = IncrementalDecoder(tokenizer)
+    for step in generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings):
+        piece = decoder.push(step.token_id)
+        if piece:
+            yield piece
+    rest = decoder.flush()
+    if rest:
+        yield rest

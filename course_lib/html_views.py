@@ -57,3 +57,27 @@ def context_view(segments) -> str:
                       f'font-family:monospace;font-size:12px"><span style="float:right;opacity:.6">{seg.label}: '
                       f'{len(seg.ids)} tokens</span>{text}</div>')
     return "<div>" + "".join(blocks) + "</div>"
+
+
+def probability_bars(labels: list[str], before: list[float], after: list[float],
+                     drawn: list[float] | None = None) -> str:
+    """Horizontal bars: grey = before the setting, blue = after (the kept set), orange tick = share drawn."""
+    scale = max(max(before), max(after), max(drawn or [0])) or 1.0
+    rows = []
+    for i, label in enumerate(labels):
+        kept = after[i] > 0
+        tick = ""
+        if drawn is not None:
+            tick = (f'<div style="position:absolute;left:{100 * drawn[i] / scale:.1f}%;top:0;height:100%;'
+                    f'border-left:3px solid #DD8452"></div>')
+        rows.append(
+            f'<div style="display:flex;align-items:center;height:20px;font-family:monospace;font-size:12px">'
+            f'<div style="width:110px;text-align:right;padding-right:6px;white-space:pre;'
+            f'{"" if kept else "color:#aaa;text-decoration:line-through"}">{_visible(label)}</div>'
+            f'<div style="position:relative;flex:1;height:16px;background:#f4f4f4">'
+            f'<div style="position:absolute;width:{100 * before[i] / scale:.1f}%;height:40%;top:0;background:#bbb"></div>'
+            f'<div style="position:absolute;width:{100 * after[i] / scale:.1f}%;height:60%;bottom:0;background:#4C72B0"></div>'
+            f'{tick}</div><div style="width:120px;padding-left:6px">{before[i]:.3f} → <b>{after[i]:.3f}</b></div></div>')
+    legend = ('<div style="font-size:11px;color:#555">grey: before (temperature 1, no filter) · blue: after this '
+              'setting · struck out: filtered away' + (" · orange: share of draws" if drawn is not None else "") + "</div>")
+    return legend + "".join(rows)

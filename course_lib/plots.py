@@ -129,3 +129,60 @@ def plot_kept_messages(roles: list[str], kept: dict[str, list[int]], ax=None,
     ax.invert_yaxis()
     ax.set_title(title)
     return ax
+
+
+def plot_reshaped(labels: list[str], before: list[float], after: list[float], ax=None,
+                  drawn: list[float] | None = None, title: str = "Before and after sampling settings"):
+    """Static fallback of the sampling explorer: paired bars, kept set in colour, draws as orange dots."""
+    ax = _axes(ax)
+    xs = range(len(labels))
+    shown = [repr(t)[1:-1].replace(" ", "␣") for t in labels]
+    ax.bar([x - 0.2 for x in xs], before, width=0.4, color="#bbb", label="before (T=1, no filter)")
+    ax.bar([x + 0.2 for x in xs], after, width=0.4, color=[PALETTE[0] if a > 0 else "#eee" for a in after],
+           label="after this setting")
+    if drawn is not None:
+        ax.plot([x + 0.2 for x in xs], drawn, "o", color=PALETTE[1], label="share of draws")
+    ax.set_xticks(list(xs), shown, rotation=45, ha="right")
+    ax.set_ylabel("probability")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_token_timeline(at_seconds: list[float], ax=None, title: str = "When each token arrived"):
+    """Arrival time of each new token: the first one waits for prefill (TTFT), the rest are decode steps."""
+    ax = _axes(ax)
+    ms = [a * 1000 for a in at_seconds]
+    ax.plot(range(len(ms)), ms, "o-", color=PALETTE[0], markersize=3)
+    if ms:
+        ax.annotate(f"time to first token\n{ms[0]:.0f} ms", (0, ms[0]), xytext=(len(ms) * 0.15, ms[-1] * 0.6),
+                    arrowprops={"arrowstyle": "->"}, fontsize=8)
+    ax.set_xlabel("new token index")
+    ax.set_ylabel("ms since the request")
+    ax.set_title(title)
+    return ax
+
+
+def plot_gaps(gaps_seconds: list[float], ax=None, title: str = "Inter-token latency"):
+    """Histogram of the gaps between consecutive tokens, in milliseconds."""
+    ax = _axes(ax)
+    ax.hist([g * 1000 for g in gaps_seconds], bins=30, color=PALETTE[2])
+    ax.set_xlabel("ms between consecutive tokens")
+    ax.set_ylabel("count")
+    ax.set_title(title)
+    return ax
+
+
+def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line: bool = False, label=None):
+    """A measured curve with markers; optionally a least-squares line through it."""
+    ax = _axes(ax)
+    ax.plot(xs, ys, "o-", markersize=4, label=label)
+    if fit_line and len(xs) > 1:
+        import numpy as np
+        slope, intercept = np.polyfit(xs, ys, 1)
+        ax.plot(xs, [slope * x + intercept for x in xs], "--", color="grey", label=f"fit: {slope:.3g} per unit")
+        ax.legend(fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return ax

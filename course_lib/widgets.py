@@ -7,9 +7,13 @@ fallback in plots.py for a rendered page.
 """
 from __future__ import annotations
 
+import time
+
 import ipywidgets as W
+import torch
 
 from . import html_views
+from .sampling import SamplingConfig, logits_to_probs, reshape, sample
 from .tokenization import cl100k_tokens, model_tokens
 
 
@@ -25,3 +29,60 @@ def tokenizer_box(tokenizer, text: str = "Crème brûlée in 東京 costs 1,250 
     box.observe(render, names="value")
     render()
     return W.VBox([box, out])
+
+
+class SamplingExplorer:
+    """Sliders for temperature, top-k, top-p and min-p over logits computed ONCE by the model.
+    Moving a slider only re-filters those logits (a few milliseconds); the model runs only when you
+    press "generate". `last_update_ms` records how long the last redraw took."""
+
+    def __init__(self, logits, labels: dict[int, str], generate_fn=None, show: int = 12, draws: int = 2000):
+        self.logits, self.labels, self.generate_fn, self.show, self.draws = logits, labels, generate_fn, show, draws
+        style = {"description_width": "90px"}
+        self.temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature", style=style)
+        self.top_k = W.IntSlider(value=0, min=0, max=50, description="top-k (0=off)", style=style)
+        self.top_p = W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p", style=style)
+        self.min_p = W.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p", style=style)
+        self.seed = W.IntText(value=0, description="seed", style=style, layout=W.Layout(width="180px"))
+        self.draw_button = W.Button(description=f"draw {draws} samples")
+        self.gen_button = W.Button(description="generate 3 continuations", disabled=generate_fn is None)
+        self.bars, self.readout, self.text = W.HTML(), W.HTML(), W.Output()
+        self.drawn = None
+        self.last_update_ms = float("nan")
+        for control in (self.temperature, self.top_k, self.top_p, self.min_p):
+            control.observe(self.update, names="value")
+        self.draw_button.on_click(self.draw)
+        self.gen_button.on_click(self.generate)
+        self.update()
+
+    def config(self) -> SamplingConfig:
+        return SamplingConfig(self.temperature.value, self.top_k.value, self.top_p.value, self.min_p.value)
+
+    def update(self, change=None):
+        start = time.perf_counter()
+        if change is not None:
+            self.drawn = None  # old draws no longer match the setting
+        r = reshape(self.logits, self.config(), self.show)
+        self.bars.value = html_views.probability_bars([self.labels[i] for i in r.ids], r.before, r.after, self.drawn)
+        self.readout.value = (f"<b>kept tokens:</b> {r.kept:,} of {self.logits.shape[-1]:,} · <b>effective choices</b> "
+                              f"(2<sup>entropy</sup>): {r.choices_before:.1f} → {r.choices_after:.1f}")
+        self.ids = r.ids
+        self.last_update_ms = (time.perf_counter() - start) * 1000
+
+    def draw(self, _=None):
+        generator = torch.Generator().manual_seed(self.seed.value)
+        tokens = sample(logits_to_probs(self.logits, self.config()), generator, self.draws)
+        counts = torch.bincount(tokens, minlength=self.logits.shape[-1]).float() / self.draws
+        self.drawn = counts[self.ids].tolist()
+        self.update()
+
+    def generate(self, _=None):
+        self.text.clear_output()
+        with self.text:
+            for i in range(3):
+                print(f"[seed {self.seed.value + i}]", repr(self.generate_fn(self.config(), self.seed.value + i)))
+
+    def widget(self) -> W.VBox:
+        controls = W.HBox([W.VBox([self.temperature, self.top_k]), W.VBox([self.top_p, self.min_p])])
+        return W.VBox([controls, self.readout, self.bars, W.HBox([self.seed, self.draw_button, self.gen_button]),
+                       self.text])

@@ -110,3 +110,76 @@ def test_lesson02_rescue(model, tokenizer):
                                  model, tokenizer)
     assert not lesson02.check_rescue("You are a helpful assistant. Answer briefly.", model, tokenizer)
     assert not lesson02.check_rescue("", model, tokenizer)
+
+
+from course_lib.exercises import lesson05, lesson06
+from course_lib.forward import forward_logits
+from course_lib.generation import GenerationResult
+from course_lib.sampling import logits_to_probs as sampling_probs
+from course_lib.sampling import sample
+
+from conftest import chat_ids
+
+
+def _logits(model, tokenizer):
+    return forward_logits(model, chat_ids(tokenizer, "What is the capital of France?"))[0, -1]
+
+
+def test_lesson05_temperature(model, tokenizer):
+    logits = _logits(model, tokenizer)
+    assert lesson05.check_temperature_probs(lambda v, t: torch.softmax(v / t, dim=-1), logits)
+    assert not lesson05.check_temperature_probs(lambda v, t: torch.softmax(v * t, dim=-1), logits)
+
+
+def test_lesson05_top_k(model, tokenizer):
+    logits = _logits(model, tokenizer)
+
+    def right(v, k):
+        return v.masked_fill(v < torch.topk(v, k).values[-1], float("-inf"))
+
+    assert lesson05.check_top_k(right, logits)
+    assert not lesson05.check_top_k(lambda v, k: v.masked_fill(v <= torch.topk(v, k).values[-1], float("-inf")), logits)
+
+
+def test_lesson05_estimate(model, tokenizer):
+    logits = _logits(model, tokenizer)
+    the_id = tokenizer.encode("The", add_special_tokens=False)[0]
+    draws = sample(sampling_probs(logits), torch.Generator().manual_seed(3), 5000)
+    assert lesson05.check_estimate(float((draws == the_id).float().mean()), the_id, logits)
+    assert not lesson05.check_estimate(0.5, the_id, logits)
+    assert not lesson05.check_estimate("high", the_id, logits)
+
+
+def test_lesson06_greedy_loop(model, tokenizer):
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+
+    def right(ids, n):
+        ids = list(ids)
+        for _ in range(n):
+            with torch.inference_mode():
+                ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+        return ids[-n:]
+
+    assert lesson06.check_greedy_loop(right, model, tokenizer, ids)
+    assert not lesson06.check_greedy_loop(lambda ids, n: right(ids, n)[:-1] + [0], model, tokenizer, ids)
+
+
+def test_lesson06_streamer(tokenizer):
+    def right(ids):
+        out, emitted = [], ""
+        for k in range(1, len(ids) + 1):
+            text = tokenizer.decode(ids[:k])
+            if not text.endswith("\ufffd"):
+                out.append(text[len(emitted):])
+                emitted = text
+        return out
+
+    assert lesson06.check_streamer(right, tokenizer)
+    assert not lesson06.check_streamer(lambda ids: [tokenizer.decode([t]) for t in ids], tokenizer)
+
+
+def test_lesson06_ttft_share(model, tokenizer):
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    assert lesson06.check_ttft_share(lambda r: r.steps[0].at / r.steps[-1].at, model, tokenizer, ids)
+    assert not lesson06.check_ttft_share(lambda r: r.steps[0].at, model, tokenizer, ids)
+    assert isinstance(GenerationResult([1], [], "", "max_new_tokens"), GenerationResult)

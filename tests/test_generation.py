@@ -75,3 +75,37 @@ def test_top_candidates_are_sorted_probabilities(model, tokenizer):
     assert [c.rank for c in top] == list(range(1, 11))
     assert all(a.prob >= b.prob for a, b in zip(top, top[1:]))
     assert top[0].text == "The"  # the answer starts with a sentence, not with "Paris"
+
+
+from course_lib.generation import IncrementalDecoder, naive_pieces, stream
+
+STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷🇯🇵", "naïve façade Ærø",
+                "안녕하세요 世界", "plain text", "", "👍" * 20, "mixed 1,234.56 € and ¥"]
+
+
+@pytest.mark.parametrize("text", STREAM_TEXTS, ids=range(len(STREAM_TEXTS)))
+def test_incremental_decoder_never_breaks_a_character(tokenizer, text):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.push(t) for t in ids] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_naive_decoding_does_break_characters(tokenizer):
+    ids = tokenizer("東京 👍", add_special_tokens=False)["input_ids"]
+    assert any("\ufffd" in p for p in naive_pieces(tokenizer, ids))
+
+
+@pytest.mark.parametrize("question", ["What is 'hello' in Chinese?", "Give me three emojis that describe summer.",
+                                      "What is the capital of France?"])
+def test_streamed_text_equals_generated_text(model, tokenizer, question):
+    ids = chat_ids(tokenizer, question)
+    pieces = list(stream(model, tokenizer, ids, max_new_tokens=30))
+    assert "".join(pieces) == generate(model, tokenizer, ids, max_new_tokens=30).text
+    assert all(pieces)
+
+
+def test_stream_stops_on_bad_request(model, tokenizer):
+    with pytest.raises(ValueError, match="empty"):
+        list(stream(model, tokenizer, [], max_new_tokens=5))

@@ -1,0 +1,162 @@
+"""Sampling: from next-token logits to one chosen token, as small pure functions.
+
+What it does: temperature, top-k, top-p (nucleus), min-p and repetition penalty each reshape a
+logits vector (V,) or batch (B, V); `logits_to_probs` chains them in the order transformers uses
+(penalty, temperature, top-k, top-p, min-p); `sample` draws from the result with a seeded
+generator; `make_sampler` returns a `pick` function for generation.generate. Filtered tokens get
+-inf logits, so they have probability exactly 0. Temperature 0 means greedy: always the top token.
+What it does not do: call the model (pass it logits) or draw anything (plots.py, widgets.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _check_logits(logits: torch.Tensor) -> torch.Tensor:
+    if not torch.is_tensor(logits) or logits.dim() not in (1, 2) or logits.shape[-1] == 0:
+        raise ValueError("logits must be a non-empty (V,) or (B, V) tensor")
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN: the model output is broken (check the dtype and the input IDs)")
+    return logits.float()
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide logits by T: T < 1 sharpens, T > 1 flattens. Example: [2., 0.], T=2 -> [1., 0.]"""
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0 here; temperature 0 means greedy (see logits_to_probs)")
+    return _check_logits(logits) / temperature
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits, set the rest to -inf; k=0 keeps all. Example: [2., 1., .5], k=2 -> [2., 1., -inf]"""
+    logits = _check_logits(logits)
+    if k == 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))  # note: ties with the k-th are all kept, as in transformers
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the most probable tokens whose total probability first reaches p (the nucleus); the rest -inf.
+    Example: probs [.5, .3, .2], p=0.7 -> keeps the first two"""
+    logits = _check_logits(logits)
+    ascending, order = torch.sort(logits, dim=-1)
+    tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)  # mass of this token and all less likely ones
+    remove_sorted = tail_mass <= (1 - p)  # note: same rule as transformers' TopPLogitsWarper
+    remove_sorted[..., -1] = False  # the top token always survives
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens less probable than min_p times the top token's probability; min_p=0 keeps all."""
+    logits = _check_logits(logits)
+    if min_p == 0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float) -> torch.Tensor:
+    """Make tokens already seen less likely: positive logits / penalty, negative logits * penalty (1.0 = off)."""
+    logits = _check_logits(logits).clone()
+    if penalty <= 0:
+        raise ValueError("repetition_penalty must be > 0 (1.0 switches it off)")
+    ids = torch.as_tensor(list(previous_ids), dtype=torch.long)
+    if penalty == 1.0 or ids.numel() == 0:
+        return logits
+    seen = logits[..., ids]
+    logits[..., ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return logits
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """All the knobs in one checked record. temperature=0 means greedy."""
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self):
+        checks = [(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
+                   f"temperature must be a number >= 0 (0 means greedy), got {self.temperature!r}"),
+                  (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+                   f"top_k must be an integer >= 0 (0 switches it off), got {self.top_k!r}"),
+                  (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
+                   f"top_p must be in (0, 1] (1 switches it off), got {self.top_p!r}"),
+                  (isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1,
+                   f"min_p must be in [0, 1] (0 switches it off), got {self.min_p!r}"),
+                  (isinstance(self.repetition_penalty, (int, float)) and self.repetition_penalty > 0,
+                   f"repetition_penalty must be > 0 (1 switches it off), got {self.repetition_penalty!r}")]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def filtered_logits(logits: torch.Tensor, config: SamplingConfig, previous_ids=()) -> torch.Tensor:
+    """The chain, in transformers' order: penalty -> temperature -> top-k -> top-p -> min-p."""
+    logits = repetition_penalty(logits, previous_ids, config.repetition_penalty)
+    if config.temperature == 0:  # greedy: only the top token survives
+        return logits.masked_fill(logits < logits.amax(dim=-1, keepdim=True), float("-inf"))
+    logits = apply_temperature(logits, config.temperature)
+    logits = top_k_filter(logits, config.top_k)
+    if config.top_p < 1:
+        logits = top_p_filter(logits, config.top_p)
+    return min_p_filter(logits, config.min_p)
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfig(), previous_ids=()) -> torch.Tensor:
+    """The distribution a sampler draws from after every filter. Same shape as logits, rows sum to 1."""
+    return filtered_logits(logits, config, previous_ids).softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, num_samples: int = 1) -> torch.Tensor:
+    """Draw token IDs from a (V,) distribution (with replacement). Returns (num_samples,) long tensor."""
+    return torch.multinomial(probs.float(), num_samples, replacement=True, generator=generator)
+
+
+def effective_choices(probs: torch.Tensor) -> float:
+    """2 ** entropy in bits: how many equally likely tokens would be as uncertain. 1 means certain."""
+    p = probs[probs > 0].double()
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def make_sampler(config: SamplingConfig, seed: int | None = None, history: list[int] | None = None):
+    """A pick(logits) -> token function for generation.generate; seeded, so a result can be repeated.
+    history: the prompt IDs, needed only for the repetition penalty (chosen tokens are appended)."""
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    seen = list(history or [])
+
+    def pick(logits: torch.Tensor) -> int:
+        probs = logits_to_probs(logits.float().cpu(), config, seen)
+        token = int(probs.argmax()) if config.temperature == 0 else int(sample(probs, generator)[0])
+        seen.append(token)
+        return token
+
+    return pick
+
+
+@dataclass(frozen=True)
+class Reshaped:
+    """What a sampling setting does to one distribution, for the top `show` tokens of the original."""
+    ids: list[int]
+    before: list[float]  # probabilities at temperature 1, no filter
+    after: list[float]  # probabilities after this setting's chain
+    kept: int  # how many tokens of the whole vocabulary keep a non-zero probability
+    choices_before: float
+    choices_after: float
+
+
+def reshape(logits: torch.Tensor, config: SamplingConfig, show: int = 12) -> Reshaped:
+    """Before/after probabilities of the `show` most likely tokens, plus the effective number of choices."""
+    before = _check_logits(logits).softmax(dim=-1)  # (V,)
+    after = logits_to_probs(logits, config)  # (V,)
+    ids = torch.topk(before, show).indices
+    return Reshaped(ids.tolist(), before[ids].tolist(), after[ids].tolist(), int((after > 0).sum()),
+                    effective_choices(before), effective_choices(after))
