@@ -81,3 +81,26 @@ def probability_bars(labels: list[str], before: list[float], after: list[float],
     legend = ('<div style="font-size:11px;color:#555">grey: before (temperature 1, no filter) · blue: after this '
               'setting · struck out: filtered away' + (" · orange: share of draws" if drawn is not None else "") + "</div>")
     return legend + "".join(rows)
+
+
+def attention_table(weights, tokens: list[str], title: str = "") -> str:
+    """One head's attention as an HTML heatmap (rows look, columns are looked at); grey cells are masked."""
+    head = "".join(f'<th style="writing-mode:vertical-rl;font-weight:normal;padding:2px">{_visible(t)}</th>' for t in tokens)
+    rows = []
+    for q, token in enumerate(tokens):
+        cells = []
+        for k in range(len(tokens)):
+            if k > q:
+                cells.append('<td style="background:#eee"></td>')
+            else:
+                w = float(weights[q][k])
+                shade = f"rgba(31,90,180,{w:.3f})"
+                cells.append(f'<td title="{w:.3f}" style="background:{shade};width:22px;height:18px;'
+                             f'color:{"#fff" if w > 0.5 else "#333"};font-size:8px;text-align:center">'
+                             f'{int(round(w * 100)) if w >= 0.1 else ""}</td>')
+        rows.append(f'<tr><th style="text-align:right;font-weight:normal;padding-right:4px">{_visible(token)}</th>'
+                    f'{"".join(cells)}</tr>')
+    caption = f'<caption style="font-weight:bold">{html.escape(title)}</caption>' if title else ""
+    return (f'<table style="border-collapse:collapse;font-family:monospace;font-size:11px">{caption}'
+            f'<tr><th></th>{head}</tr>{"".join(rows)}</table>'
+            '<div style="font-size:10px;color:#555">numbers: % of attention (shown from 10%); grey: masked (the future)</div>')

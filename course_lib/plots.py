@@ -186,3 +186,78 @@ def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     return ax
+
+
+def _token_labels(tokens: list[str]) -> list[str]:
+    return [repr(t)[1:-1].replace(" ", "␣") for t in tokens]
+
+
+def plot_attention(weights, tokens: list[str], ax=None, title: str = "Attention", colorbar: bool = True):
+    """Heatmap of one head: rows = the token looking (query), columns = the token looked at (key).
+    The grey upper triangle is the causal mask: a token cannot look ahead."""
+    import numpy as np
+    ax = _axes(ax, (5.5, 5))
+    w = np.array(weights, dtype=float)
+    masked = np.ma.masked_where(np.triu(np.ones_like(w, dtype=bool), 1), w)
+    image = ax.imshow(masked, cmap="Blues", vmin=0, vmax=1)
+    ax.set_facecolor("#e8e8e8")  # masked cells (the future) show as grey background
+    labels = _token_labels(tokens)
+    ax.set_xticks(range(len(tokens)), labels, rotation=90, fontsize=8)
+    ax.set_yticks(range(len(tokens)), labels, fontsize=8)
+    ax.set_xlabel("attended to (key)")
+    ax.set_ylabel("looking (query)")
+    ax.set_title(title, fontsize=10)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax
+
+
+def plot_head_grid(layer_weights, tokens: list[str], layer: int, groups: dict[int, list[int]] | None = None):
+    """All heads of one layer as thumbnails; heads that share a key/value head get the same title colour."""
+    n = len(layer_weights)
+    cols = 3 if n % 3 == 0 else 4
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols, 3.0 * ((n + cols - 1) // cols)),
+                             layout="constrained", squeeze=False)
+    colour_of = {h: PALETTE[g] for g, heads in (groups or {}).items() for h in heads}
+    for h, ax in enumerate(axes.flat):
+        if h >= n:
+            ax.axis("off")
+            continue
+        plot_attention(layer_weights[h], tokens, ax=ax, title=f"layer {layer}, head {h}", colorbar=False)
+        ax.title.set_color(colour_of.get(h, "black"))
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+    return axes
+
+
+def plot_logit_lens(top_tokens: list[list[str]], top_probs, position_labels: list[str], ax=None,
+                    title: str = "Logit lens: the top next-token guess after each layer"):
+    """Layers (rows) by positions (columns); colour = probability of the top guess, text = the guess."""
+    import numpy as np
+    probs = np.array(top_probs, dtype=float)
+    ax = _axes(ax, (1.3 * len(position_labels) + 2, 0.28 * len(top_tokens) + 1.5))
+    ax.imshow(probs, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for r, row in enumerate(top_tokens):
+        for c, text in enumerate(row):
+            ax.text(c, r, repr(text)[1:-1][:9], ha="center", va="center", fontsize=6.5,
+                    color="white" if probs[r, c] < 0.6 else "black")
+    ax.set_xticks(range(len(position_labels)), _token_labels(position_labels), rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(len(top_tokens)), ["emb"] + [str(i) for i in range(len(top_tokens) - 1)], fontsize=7)
+    ax.set_ylabel("after layer")
+    ax.set_xlabel("input position (the guess is for the NEXT token)")
+    ax.set_title(title)
+    return ax
+
+
+def plot_parameter_map(parts: list[tuple[str, int]], ax=None, title: str = "Where the parameters are"):
+    """Horizontal bars of parameter counts per part, in millions."""
+    ax = _axes(ax, (7, 2.6))
+    names = [p for p, _ in parts]
+    millions = [n / 1e6 for _, n in parts]
+    bars = ax.barh(names, millions, color=PALETTE[: len(parts)])
+    ax.invert_yaxis()
+    ax.bar_label(bars, labels=[f"{m:.1f} M" for m in millions], padding=3, fontsize=8)
+    ax.set_xlabel("millions of parameters")
+    ax.set_xlim(0, max(millions) * 1.25)
+    ax.set_title(title)
+    return ax

@@ -86,3 +86,33 @@ class SamplingExplorer:
         controls = W.HBox([W.VBox([self.temperature, self.top_k]), W.VBox([self.top_p, self.min_p])])
         return W.VBox([controls, self.readout, self.bars, W.HBox([self.seed, self.draw_button, self.gen_button]),
                        self.text])
+
+
+class AttentionExplorer:
+    """Layer and head sliders over attention weights computed ONCE (L, H, T, T); redraws in milliseconds."""
+
+    def __init__(self, weights, tokens: list[str], groups: dict[int, list[int]] | None = None):
+        self.weights, self.tokens = weights, tokens
+        self.group_of = {h: g for g, heads in (groups or {}).items() for h in heads}
+        L, H = weights.shape[:2]
+        self.layer = W.IntSlider(value=0, min=0, max=L - 1, description="layer")
+        self.head = W.IntSlider(value=0, min=0, max=H - 1, description="head")
+        self.view = W.HTML()
+        self.last_update_ms = float("nan")
+        self.layer.observe(self.update, names="value")
+        self.head.observe(self.update, names="value")
+        self.update()
+
+    def title(self) -> str:
+        group = self.group_of.get(self.head.value)
+        shared = f" (shares key/value head {group})" if group is not None else ""
+        return f"layer {self.layer.value}, head {self.head.value}{shared}"
+
+    def update(self, change=None):
+        start = time.perf_counter()
+        self.view.value = html_views.attention_table(self.weights[self.layer.value, self.head.value].tolist(),
+                                                     self.tokens, self.title())
+        self.last_update_ms = (time.perf_counter() - start) * 1000
+
+    def widget(self) -> W.VBox:
+        return W.VBox([W.HBox([self.layer, self.head]), self.view])

@@ -183,3 +183,47 @@ def test_lesson06_ttft_share(model, tokenizer):
     assert lesson06.check_ttft_share(lambda r: r.steps[0].at / r.steps[-1].at, model, tokenizer, ids)
     assert not lesson06.check_ttft_share(lambda r: r.steps[0].at, model, tokenizer, ids)
     assert isinstance(GenerationResult([1], [], "", "max_new_tokens"), GenerationResult)
+
+
+from course_lib.exercises import lesson03, lesson04
+
+
+def test_lesson03_checks(model, tokenizer):
+    assert lesson03.check_count_params(lambda m: sum(p.numel() for p in m.parameters()), model)
+    assert not lesson03.check_count_params(lambda m: len(list(m.parameters())), model)
+
+    def entropy(p):
+        p = p[p > 0]
+        return float(-(p * p.log2()).sum())
+
+    assert lesson03.check_entropy(entropy)
+    assert not lesson03.check_entropy(lambda p: float(-(p * p.clamp_min(1e-12).log()).sum()))  # nats, not bits
+    assert lesson03.check_first_layer(29, model, tokenizer)
+    assert not lesson03.check_first_layer(10, model, tokenizer)
+    assert lesson03.check_project(lambda h: int(model.lm_head(model.model.norm(h)).argmax()), model, tokenizer)
+    assert not lesson03.check_project(lambda h: int(model.lm_head(h).argmax()), model, tokenizer)
+
+
+def test_lesson04_checks(model, tokenizer):
+    import math
+    assert lesson04.check_causal_mask(lambda T: torch.triu(torch.ones(T, T, dtype=torch.bool), 1))
+    assert not lesson04.check_causal_mask(lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool), -1))
+
+    def head(q, k):
+        T, D = q.shape
+        s = (q @ k.T / math.sqrt(D)).masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+        return torch.softmax(s, dim=-1)
+
+    assert lesson04.check_head_by_hand(head)
+    assert not lesson04.check_head_by_hand(lambda q, k: torch.softmax(q @ k.T, dim=-1))
+    assert lesson04.check_kv_head(lambda h: h // 3, model.config)
+    assert not lesson04.check_kv_head(lambda h: h % 3, model.config)
+
+
+def test_lesson04_strongest_head(tokenizer):
+    import course_lib
+    eager, _ = course_lib.load_model(device="cpu", attn_implementation="eager", verbose=False)
+    text = "The bank is closed because they had no money left."
+    assert lesson04.check_strongest_head((13, 8), eager, tokenizer, text, " they", " bank")
+    assert not lesson04.check_strongest_head((0, 0), eager, tokenizer, text, " they", " bank")
+    assert not lesson04.check_strongest_head(None, eager, tokenizer, text, " they", " bank")

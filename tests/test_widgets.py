@@ -29,3 +29,15 @@ def test_sampling_explorer_reacts_without_the_model(model, tokenizer, monkeypatc
     explorer.draw()
     assert explorer.drawn is not None and abs(sum(explorer.drawn) - 1) < 0.2
     assert "orange" in explorer.bars.value
+
+
+def test_attention_explorer_changes_view(tokenizer):
+    from course_lib.widgets import AttentionExplorer
+    weights = torch.rand(4, 3, 5, 5).tril()
+    weights = weights / weights.sum(-1, keepdim=True)
+    explorer = AttentionExplorer(weights, list("abcde"), {0: [0, 1, 2]})
+    first = explorer.view.value
+    explorer.layer.value = 3
+    assert explorer.view.value != first and "layer 3, head 0" in explorer.view.value
+    explorer.head.value = 2
+    assert "layer 3, head 2 (shares key/value head 0)" in explorer.view.value

@@ -1,0 +1,67 @@
+"""Checks for 03_forward_pass: count parameters, entropy in bits, read the logit lens, project a layer by hand."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..forward import layer_outputs, logit_lens
+from . import safely, verdict
+
+
+def check_count_params(count_params, model) -> bool:
+    """count_params(module) -> number of parameters (elements of every weight) in a torch module."""
+    for name, module in [("embedding", model.model.embed_tokens), ("block 0", model.model.layers[0]),
+                         ("final norm", model.model.norm)]:
+        ok, got = safely(count_params, module)
+        if not ok:
+            return verdict(False, "", got)
+        want = sum(p.numel() for p in module.parameters())
+        if got != want:
+            return verdict(False, "", f"{name}: you counted {got!r}, it has {want:,}. Hint: p.numel() for p in module.parameters()")
+    return verdict(True, "you can now size any part of a model", "")
+
+
+def check_entropy(entropy_bits) -> bool:
+    """entropy_bits(probs) -> Shannon entropy in bits of a probability vector (zeros allowed)."""
+    cases = [torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0, 0.0]), torch.full((8,), 1 / 8), torch.tensor([0.7, 0.2, 0.1])]
+    for probs in cases:
+        ok, got = safely(entropy_bits, probs.clone())
+        if not ok:
+            return verdict(False, "", got)
+        p = probs[probs > 0]
+        want = float(-(p * p.log2()).sum())
+        number = float(got) if isinstance(got, (float, int)) or (torch.is_tensor(got) and got.numel() == 1) else math.nan
+        if math.isnan(number) or abs(number - want) > 1e-5:
+            return verdict(False, "", f"for {probs.tolist()} you returned {got!r}, expected {want:.4f} bits. "
+                           "Hint: -(p * log2 p) summed over p > 0 (0 log 0 counts as 0)")
+    return verdict(True, "1 bit is a coin flip; 3 bits is eight equal choices", "")
+
+
+def check_first_layer(answer, model, tokenizer, text: str = "The capital of France is", word: str = " Paris") -> bool:
+    """answer: the first layer (0-29) after which the logit lens's top guess at the last position is `word`."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    top, _ = logit_lens(model, ids)  # (L+1, T, 1)
+    target = tokenizer(word, add_special_tokens=False)["input_ids"][0]
+    hits = [row - 1 for row in range(1, top.shape[0]) if int(top[row, -1, 0]) == target]
+    want = hits[0] if hits else None
+    return verdict(answer == want, f"{word!r} first tops the lens after layer {want}",
+                   f"you said {answer!r}. Run logit_lens on the text and look at the LAST position, row by row "
+                   "(row 0 is the embedding, row i + 1 is after layer i)")
+
+
+def check_project(project, model, tokenizer) -> bool:
+    """project(hidden) -> top next-token ID from a (hidden,) residual vector: final norm, then output head."""
+    ids = tokenizer("What is the capital of France?", add_special_tokens=False)["input_ids"]
+    hidden = layer_outputs(model, ids)  # (L+1, T, hidden)
+    for layer in (5, 15, 30):
+        vec = hidden[layer, -1]
+        ok, got = safely(project, vec.clone())
+        if not ok:
+            return verdict(False, "", got)
+        with torch.inference_mode():
+            want = int(model.lm_head(model.model.norm(vec)).argmax())
+        if got != want:
+            return verdict(False, "", f"for the state after row {layer} you returned {got!r}, expected {want}. "
+                           "Hint: int(model.lm_head(model.model.norm(hidden)).argmax())")
+    return verdict(True, "that projection is the whole logit lens", "")

@@ -1,0 +1,269 @@
+# %% [markdown]
+# # 04 · Attention: what each token looks at, and what that does and does not tell us
+#
+# **Goal.** Read the real model's attention weights for any layer and head, rebuild one head from
+# scratch, and test two famous claims about attention on a real 135M model.
+#
+# **You will**
+# - explore heatmaps of every layer and head, with the causal mask in plain sight;
+# - compute one head by hand and match the model's own weights;
+# - see why grouped-query attention shrinks the KV cache, and how attention's cost grows with length.
+
+# %% [markdown]
+# ## Set-up
+#
+# Attention weights come back only with the "eager" attention implementation (the faster SDPA kernel
+# never materialises them), so we ask `load_model` for it. Weights are computed **once** per sentence;
+# every picture and slider below reuses them.
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+import course_lib
+from course_lib import plots
+from course_lib.attention import attention_weights, attention_by_hand, kv_groups, top_attended, time_scores
+from course_lib.forward import layer_outputs, forward_logits, logits_to_probs, top_candidates
+
+model, tokenizer = course_lib.load_model(attn_implementation="eager")
+cfg = model.config
+def pieces(text):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids, [tokenizer.decode([i]) for i in ids]
+
+# %%
+question = "What is the capital of France?"
+q_ids, q_tokens = pieces(question)
+weights = attention_weights(model, q_ids)  # (L, H, T, T), computed once
+print("attention weights (L, H, T, T):", tuple(weights.shape), "| every row sums to 1:",
+      bool(torch.allclose(weights.sum(-1), torch.ones(weights.shape[:-1]), atol=1e-4)))
+
+# %% [markdown]
+# ## 1. Reading one heatmap
+#
+# Row = the token that is looking (the query); column = the token it looks at (the key); the colour is
+# the share of that row's attention. The grey upper triangle is the **causal mask**: a token may only
+# look at itself and earlier tokens, never ahead.
+
+# %%
+ax = plots.plot_attention(weights[13, 8], q_tokens, title="layer 13, head 8")
+plt.show()
+
+# %% [markdown]
+# ## 2. Try it: every layer and head
+#
+# Slide through the layers and heads. The numbers are percentages of attention (shown from 10%).
+
+# %%
+from course_lib.widgets import AttentionExplorer
+explorer = AttentionExplorer(weights, q_tokens, kv_groups(cfg))
+explorer.widget()
+
+# %%
+times = []
+for layer, head in [(0, 0), (7, 3), (15, 8), (29, 4)]:
+    explorer.layer.value, explorer.head.value = layer, head
+    times.append(explorer.last_update_ms)
+print("redraw times (ms):", [round(t, 1) for t in times], "| no model call: the weights were computed once")
+
+# %% [markdown]
+# The static view of a whole layer (the rendered edition shows this instead of the sliders). Heads
+# whose titles share a colour share one key/value head (section 5):
+
+# %%
+axes = plots.plot_head_grid(weights[13], q_tokens, layer=13, groups=kv_groups(cfg))
+plt.show()
+
+# %% [markdown]
+# ## 3. Where does attention go, on average?
+#
+# Averaged over all layers and heads, how much attention does each position receive from the last token?
+
+# %%
+avg = weights[:, :, -1, :].mean(dim=(0, 1))  # (T,)
+for token, share in zip(q_tokens, avg.tolist()):
+    print(f"{token!r:>12} {share:6.1%} {'#' * int(share * 60)}")
+
+# %% [markdown]
+# A large share lands on the **first token**, whatever it is. This "attention sink" is well documented:
+# softmax must put its weight somewhere, and many heads park it on the first position when they have
+# nothing useful to do. It is one reason a single heatmap is weak evidence of "meaning".
+#
+# ## 4. The two examples people quote
+#
+# **"capital" attends strongly to "France".** Look at the mask: in "What is the capital of France?",
+# *capital* comes **before** *France*, so in a decoder like this one it cannot attend to it at all. The
+# information flows the other way: *France* (and every later token) can look back at *capital*.
+
+# %%
+cap, fr = q_tokens.index(" capital"), q_tokens.index(" France")
+print(f"attention from ' capital' to ' France', all layers and heads: max {float(weights[:, :, cap, fr].max()):.3f}")
+for layer, head, w in top_attended(weights, fr, cap, k=5):
+    print(f"' France' -> ' capital': layer {layer:>2}, head {head}: {w:.2f}")
+
+# %% [markdown]
+# **City or money?** Compare the twin question. Where does *France* look now, and what does the model
+# predict after each phrasing? The distributions are where the difference really shows:
+
+# %%
+twin = "What is the capital gains tax in France?"
+t_ids, t_tokens = pieces(twin)
+t_weights = attention_weights(model, t_ids)
+for layer, head, w in top_attended(t_weights, t_tokens.index(" France"), t_tokens.index(" capital"), k=3):
+    print(f"twin: ' France' -> ' capital': layer {layer:>2}, head {head}: {w:.2f}")
+for text in ["The capital of France is", "The capital gains tax in France is"]:
+    probs = logits_to_probs(forward_logits(model, pieces(text)[0])[0, -1])
+    print(f"{text!r:<38} ->", [(c.text, round(c.prob, 3)) for c in top_candidates(tokenizer, probs, 6)])
+
+# %% [markdown]
+# After "The capital of France is" the model bets on a city; after the tax phrasing it bets on the start
+# of a number or amount. The meaning of *capital* is resolved, but the evidence is in the output
+# distribution and in many heads at once, not in one arrow from *capital* to *France*.
+#
+# **"They" refers to the bank.** In "The bank is closed because they had no money left", where does
+# *they* look?
+
+# %%
+b_ids, b_tokens = pieces("The bank is closed because they had no money left.")
+b_weights = attention_weights(model, b_ids)
+they, bank = b_tokens.index(" they"), b_tokens.index(" bank")
+for layer, head, w in top_attended(b_weights, they, bank, k=5):
+    print(f"' they' -> ' bank': layer {layer:>2}, head {head}: {w:.2f}")
+row = b_weights[:, :, they, 1: they + 1]  # ignore the first token (the sink)
+favourite = row.argmax(-1) + 1  # (L, H): the position each head attends most, after the first token
+print(f"heads whose favourite earlier word (after the first token) is ' bank': "
+      f"{int((favourite == bank).sum())} of {cfg.num_hidden_layers * cfg.num_attention_heads}")
+
+# %%
+layer, head, _ = top_attended(b_weights, they, bank, k=1)[0]
+ax = plots.plot_attention(b_weights[layer, head], b_tokens, title=f"layer {layer}, head {head}: the strongest ' they' -> ' bank'")
+plt.show()
+
+# %% [markdown]
+# Some heads do link *they* to *bank*, and strongly. Honest limits: *money* comes after *they*, so no
+# head can use it at that position; most heads do something else; and a weight shows where information
+# is *read from*, not what the model concludes. Attention maps are a clue, not an explanation.
+#
+# ## 5. One head from scratch
+#
+# Queries times keys, divided by the square root of the head dimension, the future masked, a softmax
+# per row. Here it is for one head, from the model's own weights, in a toy cell:
+
+# %%
+hidden = layer_outputs(model, q_ids)  # (L+1, T, hidden): what enters each layer
+layer, head, D = 13, 8, cfg.head_dim
+_, by_hand = attention_by_hand(model.model.layers[layer], hidden[layer], cfg)  # (H, T, T)
+print("matches the model's own weights:", torch.allclose(by_hand[head], weights[layer, head], atol=1e-5),
+      f"(max difference {float((by_hand[head] - weights[layer, head]).abs().max()):.1e})")
+
+# %% [markdown]
+# `attention_by_hand` (in `course_lib/attention.py`) does, for all heads at once: RMSNorm, the query, key
+# and value projections, rotary positions on queries and keys, sharing each key/value head among three
+# query heads, the scaled scores, the causal mask, the softmax. The toy version of the last steps, on
+# random vectors, fits in three lines:
+
+# %%
+T = 5
+q, k = torch.randn(T, D), torch.randn(T, D)
+scores = (q @ k.T / D ** 0.5).masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+print(torch.softmax(scores, dim=-1).round(decimals=2))
+
+# %% [markdown]
+# ## 6. Grouped-query attention
+#
+# This model has 9 query heads but only 3 key/value heads: each key/value head is shared by three query
+# heads. The groups:
+
+# %%
+groups = kv_groups(cfg)
+print(groups)
+bytes_per_token = lambda kv_heads: 2 * cfg.num_hidden_layers * kv_heads * D * 2  # keys+values, bfloat16
+print(f"KV cache per token in bfloat16: {bytes_per_token(cfg.num_key_value_heads):,} bytes with 3 key/value heads, "
+      f"{bytes_per_token(cfg.num_attention_heads):,} if every query head had its own")
+
+# %% [markdown]
+# Heads in one group read the same keys and values but ask different questions (their queries
+# differ), so their heatmaps can still look different. The saving is in memory: the KV cache (lesson 07)
+# stores keys and values per key/value head, so it is three times smaller here.
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(12, 4), layout="constrained")
+for ax, h in zip(axes, groups[2]):
+    plots.plot_attention(weights[13, h], q_tokens, ax=ax, title=f"layer 13, head {h} (key/value head 2)", colorbar=False)
+plt.show()
+
+# %% [markdown]
+# ## 7. Attention gets more expensive with length
+#
+# The score matrix is T by T: double the tokens, four times the scores. We time the score computation
+# (9 heads of dimension 64, causal softmax, times values) as T grows:
+
+# %%
+lengths = [128, 256, 512, 1024, 2048]
+secs = time_scores(lengths, cfg.num_attention_heads, D)
+ax = plots.plot_xy(lengths, [s * 1000 for s in secs], "sequence length T", "ms for one layer's attention",
+                   title="Attention time grows faster than the length")
+plt.show()
+print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, secs[1:])])
+
+# %% [markdown]
+# Read the ratios: a cost linear in T would give 2 per doubling; the T by T score matrix gives about 4
+# (memory-cache effects can push a measured ratio higher or lower on a given machine). This quadratic term is why very long contexts are expensive, and why the KV cache, which
+# avoids recomputing the past, matters so much.
+
+# %% [markdown]
+# ---
+# ## Summary
+#
+# - Each head gives every token a probability distribution over the tokens before it (the causal mask).
+# - Much attention lands on the first token (an "attention sink"); one heatmap is weak evidence of meaning.
+# - "capital" cannot attend to "France" in this model: it comes first. The meaning shows in later tokens and in the output.
+# - One head is queries times keys, scaled, masked, softmaxed: our version matches the model's weights.
+# - Three query heads share each key/value head here, which makes the KV cache three times smaller.
+
+# %% [markdown]
+# ---
+# ## Exercises
+#
+# **1.** Write `causal_mask(T)`: a (T, T) bool tensor, `True` where a query may **not** look.
+
+# %%
+from course_lib.exercises import lesson04 as ex
+
+def causal_mask(T):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_causal_mask(causal_mask)
+
+# %% [markdown]
+# **2.** Write `head_weights(q, k)`: the causal attention weights of one head for q and k of shape (T, D).
+
+# %%
+def head_weights(q, k):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_head_by_hand(head_weights)
+
+# %% [markdown]
+# **3.** Write `kv_head_of(query_head)`: which key/value head a query head reads in this model.
+
+# %%
+def kv_head_of(query_head):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_kv_head(kv_head_of, cfg)
+
+# %% [markdown]
+# **4.** In "The bank is closed because they had no money left.", which (layer, head) puts the most
+# attention from `" they"` on `" bank"`? Compute it from the weights and put a tuple in `strongest`.
+# (Then think: why can no head link `" they"` to `" money"`?)
+
+# %%
+strongest = None  # e.g. (13, 8)
+ex.check_strongest_head(strongest, model, tokenizer, "The bank is closed because they had no money left.",
+                        " they", " bank")
+
+# %% [markdown]
+# **Next:** 05 · sampling, where the model's next-token distribution becomes one chosen token.
