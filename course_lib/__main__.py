@@ -2,6 +2,7 @@
 
 setup  fetch and check the model file, build the weight cache (idempotent)
 doctor the workshop preflight: one table of checks, each with its fix; exits 1 if any fails
+bench  measure the speed targets in one run; prints a table, writes JSON and PNG (--out, --quick)
 """
 import argparse
 import sys
@@ -10,8 +11,10 @@ import sys
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["setup", "doctor"])
+    parser.add_argument("command", choices=["setup", "doctor", "bench"])
     parser.add_argument("--json", help="doctor: also write the results to this JSON file")
+    parser.add_argument("--out", default="build/bench", help="bench: folder for the JSON and PNG results")
+    parser.add_argument("--quick", action="store_true", help="bench: tiny sizes, to check that it runs")
     args = parser.parse_args(argv)
     if args.command == "setup":
         from .loading import (CacheNotWritableError, ChecksumError, ModelNotFoundError, cache_is_built,
@@ -25,6 +28,16 @@ def main(argv=None) -> int:
             print(f"setup failed: {err}", file=sys.stderr)
             return 1
         print(f"setup: model cache built in {weights_cache_dir()}")
+        return 0
+    if args.command == "bench":
+        from pathlib import Path
+        from . import bench
+        from .loading import load_model
+        model, tokenizer = load_model()
+        result = bench.run(model, tokenizer, quick=args.quick, progress=lambda what: print(f"measuring: {what}", flush=True))
+        print(bench.format_report(result))
+        for path in bench.save(result, Path(args.out)):
+            print(f"wrote {path}")
         return 0
     from .doctor import main as doctor_main
     return doctor_main(json_path=args.json)

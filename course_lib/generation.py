@@ -78,7 +78,7 @@ def prefill(model, input_ids, cache=None):
 def decode_step(model, token_ids, cache):
     """Feed one new token per row, reusing the cache. token_ids: (B,) or (B, 1). Returns ((B, V) logits, cache)."""
     ids = torch.as_tensor(token_ids, dtype=torch.long, device=model.device).reshape(-1, 1)  # (B, 1)
-    out = model(input_ids=ids, cache=cache, use_cache=True)
+    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
     return out.logits[:, -1, :].float(), out.cache  # (B, V)
 
 

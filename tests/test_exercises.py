@@ -227,3 +227,33 @@ def test_lesson04_strongest_head(tokenizer):
     assert lesson04.check_strongest_head((13, 8), eager, tokenizer, text, " they", " bank")
     assert not lesson04.check_strongest_head((0, 0), eager, tokenizer, text, " they", " bank")
     assert not lesson04.check_strongest_head(None, eager, tokenizer, text, " they", " bank")
+
+
+from course_lib.bench import decode_seconds, prefill_seconds, story_ids
+from course_lib.exercises import lesson07, lesson08
+from course_lib.kv_cache import run_with_cache, run_without_cache
+
+
+def test_lesson07_checks(model, tokenizer):
+    assert lesson07.check_kv_bytes(lambda t, l, kv, d, b: 2 * t * l * kv * d * b, model)
+    assert not lesson07.check_kv_bytes(lambda t, l, kv, d, b: t * l * kv * d * b, model)
+    assert lesson07.check_positions(lambda p, n: sum(p + i for i in range(n)))
+    assert not lesson07.check_positions(lambda p, n: p * n)
+
+
+def test_lesson07_ratio(model, tokenizer):
+    prompt = story_ids(tokenizer)
+    measured = run_without_cache(model, prompt, 48).total / run_with_cache(model, prompt, 48).total
+    assert lesson07.check_ratio(measured, model, prompt)
+    assert not lesson07.check_ratio(measured * 10, model, prompt)
+    assert not lesson07.check_ratio(None, model, prompt)
+
+
+def test_lesson08_checks(model, tokenizer):
+    assert lesson08.check_bandwidth(lambda b, s: b / s)
+    assert not lesson08.check_bandwidth(lambda b, s: b * s)
+    assert lesson08.check_crossover(lambda w, k: int(w // k))
+    assert not lesson08.check_crossover(lambda w, k: w / k)
+    ratio = (256 / prefill_seconds(model, tokenizer, [256])[0]) * decode_seconds(model, tokenizer, [256])[0]
+    assert lesson08.check_phase_ratio(ratio, model, tokenizer)
+    assert not lesson08.check_phase_ratio(ratio / 20, model, tokenizer)

@@ -1,0 +1,47 @@
+"""Checks for 07_kv_cache: the memory formula, the uncached work count, and a measured speed-up ratio."""
+from __future__ import annotations
+
+from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed, run_with_cache, run_without_cache
+from . import safely, verdict
+
+
+def check_kv_bytes(kv_bytes, model) -> bool:
+    """kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number) -> bytes the cache holds."""
+    from ..generation import prefill
+    cases = [(1, 30, 3, 64, 2), (128_000, 80, 8, 128, 2), (10, 2, 1, 4, 4), (0, 30, 3, 64, 4)]
+    for case in cases:
+        ok, got = safely(kv_bytes, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = case[0] * kv_bytes_per_token(*case[1:])
+        if got != want:
+            return verdict(False, "", f"for {case} you returned {got!r}, expected {want:,.0f}. Hint: keys AND values: a factor 2")
+    _, cache = prefill(model, list(range(100, 140)))
+    cfg = model.config
+    got = kv_bytes(40, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype.itemsize)
+    return verdict(got == cache_bytes(cache), f"and it equals the {cache_bytes(cache):,} bytes of a real 40-token cache",
+                   f"your formula gives {got!r} for a real cache holding {cache_bytes(cache):,} bytes")
+
+
+def check_positions(positions_without_cache) -> bool:
+    """positions_without_cache(prompt_len, n_new) -> total positions processed with no KV cache."""
+    for case in [(10, 1), (10, 3), (42, 96), (1, 1000)]:
+        ok, got = safely(positions_without_cache, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = positions_processed(*case, cached=False)
+        if got != want:
+            return verdict(False, "", f"for prompt {case[0]}, {case[1]} new tokens you returned {got!r}, expected {want}. "
+                           "Hint: step i re-runs prompt_len + i positions, for i = 0 .. n_new - 1")
+    return verdict(True, "a sum of growing lengths: quadratic in n_new, not exponential", "")
+
+
+def check_ratio(ratio, model, prompt_ids, n_new: int = 48, tolerance: float = 1.6) -> bool:
+    """ratio: uncached time / cached time for n_new tokens; accepted within a factor `tolerance` of a rerun."""
+    if not isinstance(ratio, (int, float)) or ratio <= 0:
+        return verdict(False, "", "give the ratio as a positive number (uncached seconds / cached seconds)")
+    rerun = run_without_cache(model, prompt_ids, n_new).total / run_with_cache(model, prompt_ids, n_new).total
+    ok = rerun / tolerance <= ratio <= rerun * tolerance
+    return verdict(ok, f"your {ratio:.2f}x agrees with the rerun's {rerun:.2f}x",
+                   f"the rerun measured {rerun:.2f}x, your {ratio!r} is outside a factor {tolerance}. "
+                   "Divide the uncached total by the cached total (run.total)")

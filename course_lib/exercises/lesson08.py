@@ -1,0 +1,44 @@
+"""Checks for 08_prefill_decode: achieved bandwidth, the context where the cache outweighs the weights,
+and a measured prefill/decode speed ratio."""
+from __future__ import annotations
+
+from ..bench import decode_seconds, prefill_seconds
+from . import safely, verdict
+
+
+def check_bandwidth(achieved_bandwidth) -> bool:
+    """achieved_bandwidth(weight_bytes, seconds_per_token) -> bytes per second read during decode."""
+    for case in [(538_060_032, 0.05), (269e6, 0.004), (1, 1)]:
+        ok, got = safely(achieved_bandwidth, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = case[0] / case[1]
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
+            return verdict(False, "", f"for {case} you returned {got!r}, expected {want:.4g}. Hint: every weight is "
+                           "read once per decode step")
+    return verdict(True, "bytes read per step divided by seconds per step", "")
+
+
+def check_crossover(crossover_context) -> bool:
+    """crossover_context(weight_bytes, kv_bytes_per_token) -> tokens of context at which reading the
+    KV cache costs as many bytes as reading the weights (round down to an int)."""
+    for case in [(538_060_032, 46_080), (140e9, 327_680), (100, 7)]:
+        ok, got = safely(crossover_context, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = int(case[0] // case[1])
+        if got != want:
+            return verdict(False, "", f"for {case} you returned {got!r}, expected {want}")
+    return verdict(True, "past that context, decode reads more cache than weights", "")
+
+
+def check_phase_ratio(ratio, model, tokenizer, n: int = 256, tolerance: float = 1.7) -> bool:
+    """ratio: prefill tokens/s at n prompt tokens divided by decode tokens/s at n tokens of context."""
+    if not isinstance(ratio, (int, float)) or ratio <= 0:
+        return verdict(False, "", "give the ratio as a positive number")
+    prefill_tps = n / prefill_seconds(model, tokenizer, [n])[0]
+    decode_tps = 1 / decode_seconds(model, tokenizer, [n])[0]
+    rerun = prefill_tps / decode_tps
+    ok = rerun / tolerance <= ratio <= rerun * tolerance
+    return verdict(ok, f"your {ratio:.1f}x agrees with the rerun's {rerun:.1f}x: prefill is that much faster per token",
+                   f"the rerun measured {rerun:.1f}x; yours {ratio!r} is outside a factor {tolerance}")

@@ -1,0 +1,83 @@
+"""Pictures of measured speed and memory: cache timings, KV memory, budgets, prefill and decode, batching.
+
+What it does: draws data that kv_cache.py, bench.py and batching.py measured; every plot_* takes
+data (and ax=None where it is one panel) and returns the Axes (or the Figure for multi-panel views).
+What it does not do: measure anything.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from .plots import PALETTE, _axes
+
+
+def plot_cache_timing(cached: list[float], uncached: list[float], ax=None,
+                      title: str = "Time for each new token, with and without the KV cache"):
+    """Seconds per new token against its index, both ways (the first token includes the prompt's pass)."""
+    ax = _axes(ax)
+    ax.plot([s * 1000 for s in uncached], label="no cache: re-run the whole sequence", color=PALETTE[3])
+    ax.plot([s * 1000 for s in cached], label="KV cache: one new position per step", color=PALETTE[0])
+    ax.set_xlabel("new token index")
+    ax.set_ylabel("ms for this token")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_kv_memory(tokens: list[int], formula_bytes: list[float], measured: dict[int, int] | None = None, ax=None,
+                   title: str = "KV cache memory against context length"):
+    """The formula as a line, the bytes measured on real cache objects as dots (MB)."""
+    ax = _axes(ax)
+    ax.plot(tokens, [b / 1e6 for b in formula_bytes], color=PALETTE[0], label="formula")
+    if measured:
+        ax.plot(list(measured), [b / 1e6 for b in measured.values()], "o", color=PALETTE[1], label="measured cache object")
+    ax.set_xlabel("tokens in the cache")
+    ax.set_ylabel("MB")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_budget_runs(outcomes: dict, budget: int, names: list[str]):
+    """One panel per policy: cache usage over time against the budget, and each request's fate."""
+    fig, axes = plt.subplots(len(outcomes), 2, figsize=(12, 3.2 * len(outcomes)), layout="constrained", squeeze=False)
+    colours = {"finished": PALETTE[2], "rejected": PALETTE[7], "evicted": PALETTE[3]}
+    for row, (policy, out) in enumerate(outcomes.items()):
+        ax = axes[row, 0]
+        ax.plot(out.usage, color=PALETTE[0])
+        ax.axhline(budget, color="black", linestyle="--", linewidth=1)
+        ax.set_ylim(0, budget * 1.15)
+        ax.set_xlabel("time (decode steps)")
+        ax.set_ylabel("tokens cached")
+        ax.set_title(f"policy '{policy}': memory in use (dashed: budget)")
+        ax = axes[row, 1]
+        for i, name in enumerate(names):
+            ticks = [t for t, active in enumerate(out.active) if name in active]
+            status = out.status.get(name, "running")
+            if ticks:
+                ax.barh(i, ticks[-1] - ticks[0] + 1, left=ticks[0], color=colours.get(status, PALETTE[4]))
+            ax.text(ax.get_xlim()[1] if not ticks else ticks[-1] + 2, i, status, va="center", fontsize=8)
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        ax.set_xlim(0, len(out.usage) + 12)
+        ax.set_xlabel("time (decode steps)")
+        ax.set_title(f"policy '{policy}': when each request held memory")
+    return fig
+
+
+def plot_benchmark(result: dict):
+    """Prefill tokens per second against prompt length, and decode ms per token against context."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+    p, d = result["prefill"], result["decode"]
+    axes[0].plot([r["tokens"] for r in p], [r["tokens_per_s"] for r in p], "o-", color=PALETTE[0])
+    axes[0].set_xscale("log", base=2)
+    axes[0].set_xlabel("prompt tokens")
+    axes[0].set_ylabel("prefill tokens per second")
+    axes[0].set_title("Prefill: more tokens per pass, more tokens per second")
+    axes[1].plot([r["context"] for r in d], [r["seconds_per_token"] * 1000 for r in d], "o-", color=PALETTE[3])
+    axes[1].set_xscale("log", base=2)
+    axes[1].set_xlabel("tokens already in the cache")
+    axes[1].set_ylabel("ms per decode step")
+    axes[1].set_title("Decode: one token per pass")
+    fig.suptitle(f"{result['machine']['name']} ({result['dtype']})")
+    return fig

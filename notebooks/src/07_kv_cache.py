@@ -1,0 +1,232 @@
+# %% [markdown]
+# # 07 · The KV cache: time saved, memory spent
+#
+# **Goal.** Measure what the KV cache buys and what it costs, on the real model: time per token with
+# and without it, the bytes it holds, and what a server must do when those bytes run out.
+#
+# **You will**
+# - generate the same text with and without the cache, and time every token both ways;
+# - compute the cache's size from a formula and check it against the real cache object;
+# - test the claim that inference gets "exponentially heavier" with context (it does not).
+
+# %% [markdown]
+# ## Set-up
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+import course_lib
+from course_lib import plots, plots_perf
+from course_lib.bench import story_ids, filler_ids
+from course_lib.generation import prefill, decode_step
+from course_lib.kv_cache import (run_with_cache, run_without_cache, positions_processed, kv_bytes_per_token,
+                                 model_kv_bytes_per_token, cache_bytes, Request, simulate_budget)
+
+model, tokenizer = course_lib.load_model()
+cfg = model.config
+prompt = story_ids(tokenizer)  # the course's long answer: a short story
+print("prompt tokens:", len(prompt))
+
+# %% [markdown]
+# ## 1. What is cached, and why it is allowed
+#
+# In each layer, attention turns every token into a **key** and a **value** vector. A token's key and
+# value depend only on that token and the ones before it (the causal mask), so once computed they
+# never change. The cache keeps them; each new token then needs only its own keys and values, plus
+# attention over the stored ones. Our loop names the two stages: `prefill` fills the cache from the
+# prompt, `decode_step` adds one token.
+
+# %%
+logits, cache = prefill(model, prompt)
+print("after prefill the cache holds", cache.get_seq_length(), "positions")
+logits, cache = decode_step(model, [int(logits[0].argmax())], cache)
+print("after one decode step:", cache.get_seq_length(), "| keys of layer 0 (B, KV heads, T, D):",
+      tuple(cache.layers[0].keys.shape))
+
+# %% [markdown]
+# ## 2. Same tokens, different cost
+#
+# We generate 96 tokens greedily twice: with the cache, and by re-running the whole sequence at every
+# step. First, the equivalence: the tokens must be identical (in float32 on the CPU they are).
+
+# %%
+N = 96
+cached = run_with_cache(model, prompt, N)
+uncached = run_without_cache(model, prompt, N)
+print("identical tokens:", cached.token_ids == uncached.token_ids)
+print(f"total: {cached.total:.1f} s with the cache, {uncached.total:.1f} s without -> {uncached.total / cached.total:.1f}x")
+
+# %%
+ax = plots_perf.plot_cache_timing(cached.seconds, uncached.seconds)
+plt.show()
+
+# %% [markdown]
+# With the cache each step costs about the same (one new position, plus a little attention over a
+# longer cache). Without it each step re-processes every position so far, so its cost climbs with
+# every token. The work, counted in token positions pushed through the model:
+
+# %%
+print(f"positions processed: {cached.positions_processed:,} with the cache, {uncached.positions_processed:,} without")
+print("formula:", positions_processed(len(prompt), N, True), "and", positions_processed(len(prompt), N, False))
+
+# %% [markdown]
+# **"Exponentially heavier with each new word."** A popular explanation says so. The count above is
+# a sum of prompt + 0, prompt + 1, ... prompt + N - 1: it grows with the **square** of N (quadratic),
+# not exponentially; and with a cache it grows linearly. Look at the measured curves: the uncached
+# one climbs in a straight line per token (so its running total is quadratic), nothing like an
+# exponential. The time ratio grows with N, which is why the cache matters most for long answers.
+
+# %%
+ns = [8, 16, 32, 64, 128, 256, 512]
+ax = plots.plot_xy(ns, [positions_processed(len(prompt), n, False) for n in ns], "new tokens",
+                   "token positions processed", label="no cache (quadratic)")
+plots.plot_xy(ns, [positions_processed(len(prompt), n, True) for n in ns], "new tokens", "token positions processed",
+              ax=ax, label="KV cache (linear)", title="Work to generate N tokens (counted, not timed)")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## 3. Half precision: same tokens, slightly different numbers
+#
+# In float32 the two paths agree token for token. In half precision (bfloat16, the GPU default) the
+# cached and uncached computations add numbers in different orders and round differently. Measured on
+# this CPU with the model converted to bfloat16:
+
+# %%
+half, _ = course_lib.load_model(dtype="bfloat16", device="cpu", verbose=False)
+ids = torch.tensor([prompt])
+with torch.inference_mode():
+    full = half(input_ids=ids).logits[0, -1].float()  # no cache: the whole prompt at once
+    _, c = prefill(half, prompt[:-1])
+    step, _ = decode_step(half, [prompt[-1]], c)  # cache: the last token alone
+print(f"max |logit difference| cached vs uncached, bfloat16: {float((full - step[0]).abs().max()):.3f}")
+print("same top token:", int(full.argmax()) == int(step[0].argmax()))
+
+# %% [markdown]
+# Differences of this size rarely change the top token, but over a long greedy generation one
+# near-tie can flip and the texts then diverge. That is expected, not a bug. (We free the bfloat16 copy now.)
+
+# %%
+del half, c
+
+# %% [markdown]
+# ## 4. How big is the cache?
+#
+# Per token, the cache stores a key and a value vector for every layer and every **key/value** head:
+#
+# bytes per token = 2 × layers × key/value heads × head dimension × bytes per number
+
+# %%
+for dtype in (torch.bfloat16, torch.float32):
+    print(f"{str(dtype):>15}: {model_kv_bytes_per_token(cfg, dtype):,.0f} bytes per token")
+_, cache = prefill(model, filler_ids(tokenizer, 500))
+print(f"measured on a real cache of 500 tokens ({model.dtype}): {cache_bytes(cache):,} bytes = "
+      f"{cache_bytes(cache) / 500:,.0f} per token")
+
+# %%
+measured = {}
+for n in [64, 256, 1024, 2048]:
+    _, cache = prefill(model, filler_ids(tokenizer, n))
+    measured[n] = cache_bytes(cache)
+tokens = list(range(0, cfg.max_position_embeddings + 1, 512))
+per = model_kv_bytes_per_token(cfg, model.dtype)
+ax = plots_perf.plot_kv_memory(tokens, [t * per for t in tokens], measured,
+                               title=f"KV cache of this model ({str(model.dtype).split('.')[-1]}): linear in tokens")
+plt.show()
+
+# %% [markdown]
+# The cache grows **linearly** with the context: every token adds the same number of bytes. Another
+# popular text says memory "increases exponentially" with long contexts; the dots above are measured,
+# and they sit on a straight line.
+#
+# ## 5. What if the model were bigger?
+#
+# The same formula for a larger design: 80 layers, 8 key/value heads of dimension 128 (a 70B-class
+# model with grouped-query attention), against the same model with full multi-head attention (64
+# key/value heads), at 128k tokens, in bfloat16.
+
+# %%
+designs = {"this model (30 L, 3 KV heads, D 64)": (30, 3, 64), "70B-class, GQA (80 L, 8 KV, D 128)": (80, 8, 128),
+           "70B-class, full MHA (80 L, 64 KV, D 128)": (80, 64, 128)}
+for name, (layers, kv, d) in designs.items():
+    per_token = kv_bytes_per_token(layers, kv, d, 2)
+    print(f"{name:<42} {per_token / 1e3:8.1f} kB/token   {per_token * 128_000 / 2**30:7.1f} GiB at 128k tokens")
+
+# %% [markdown]
+# At 128k tokens a single conversation's cache is tens of GiB with grouped-query attention and eight
+# times more without it. This is why long contexts are limited by memory, and why every request's cache
+# competes with the weights for the same GPU memory.
+#
+# ## 6. A fixed KV budget: reject or evict?
+#
+# A server has room for a fixed number of cached tokens. Requests arrive with different prompt and
+# answer lengths. Two policies: **reject** admits a request only if its whole answer can be reserved,
+# and turns it away otherwise; **evict** admits whenever the prompt fits and, when memory runs out,
+# drops the oldest conversations. One trace, both policies, simulated step by step:
+
+# %%
+trace = [Request("A", 0, 60, 80), Request("B", 5, 40, 120), Request("C", 12, 120, 40), Request("D", 20, 30, 60),
+         Request("E", 30, 90, 50), Request("F", 45, 50, 40), Request("G", 60, 20, 30)]
+BUDGET = 450  # tokens
+outcomes = {policy: simulate_budget(trace, BUDGET, policy) for policy in ("reject", "evict")}
+for policy, out in outcomes.items():
+    print(f"{policy:>7}: " + ", ".join(f"{r.name} {out.status.get(r.name, '?')}" for r in trace))
+
+# %%
+fig = plots_perf.plot_budget_runs(outcomes, BUDGET, [r.name for r in trace])
+plt.show()
+
+# %% [markdown]
+# Reserving whole answers never loses work but leaves memory idle (the reserved space is not yet
+# used) and turns requests away; evicting keeps memory full but throws away conversations that were
+# already partly served (their work is wasted, and they must start again). Production servers (vLLM)
+# reduce the dilemma by allocating the cache in small pages on demand and by *preempting*: pausing a
+# request and recomputing or swapping its cache later, instead of losing it.
+
+# %% [markdown]
+# ---
+# ## Summary
+#
+# - The cache stores each token's keys and values per layer; they never change, so they need computing once.
+# - With the cache each step processes one position; without it every step re-processes everything: quadratic work.
+# - Cache memory is 2 × layers × KV heads × head dim × bytes per token: linear in context, never exponential.
+# - Grouped-query attention divides that memory by the number of query heads per key/value head.
+# - A full KV budget forces a choice: reject new requests or evict running ones.
+
+# %% [markdown]
+# ---
+# ## Exercises
+#
+# **1.** Write `kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number)`: the cache size.
+
+# %%
+from course_lib.exercises import lesson07 as ex
+
+def kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_kv_bytes(kv_bytes, model)
+
+# %% [markdown]
+# **2.** Write `positions_without_cache(prompt_len, n_new)`: the token positions pushed through the model
+# to generate `n_new` tokens when every step re-runs the whole sequence.
+
+# %%
+def positions_without_cache(prompt_len, n_new):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_positions(positions_without_cache)
+
+# %% [markdown]
+# **3.** Measure it yourself: generate 48 tokens with and without the cache (`run_with_cache`,
+# `run_without_cache`) from `prompt`, and put the time ratio (uncached / cached) in `ratio`. The check
+# reruns the measurement and accepts your ratio within a tolerance (timings vary).
+
+# %%
+ratio = None  # your measurement here
+ex.check_ratio(ratio, model, prompt)
+
+# %% [markdown]
+# **Next:** 08 · prefill and decode, where the two stages are timed separately.

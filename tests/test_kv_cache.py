@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+import course_lib
+from course_lib.bench import filler_ids, story_ids
+from course_lib.generation import decode_step, prefill
+from course_lib.kv_cache import (Request, cache_bytes, kv_bytes_per_token, model_kv_bytes_per_token,
+                                 positions_processed, run_with_cache, run_without_cache, simulate_budget)
+
+
+def test_cached_and_uncached_tokens_are_identical(model, tokenizer):
+    prompt = story_ids(tokenizer)
+    cached, uncached = run_with_cache(model, prompt, 24), run_without_cache(model, prompt, 24)
+    assert cached.token_ids == uncached.token_ids
+    assert len(cached.seconds) == len(uncached.seconds) == 24
+    assert cached.positions_processed == positions_processed(len(prompt), 24, True)
+    assert uncached.positions_processed == positions_processed(len(prompt), 24, False)
+
+
+def test_positions_formula():
+    assert positions_processed(10, 3, True) == 12
+    assert positions_processed(10, 3, False) == 10 + 11 + 12
+    assert positions_processed(5, 1, False) == positions_processed(5, 1, True) == 5
+
+
+def test_memory_formula_values(model):
+    assert kv_bytes_per_token(30, 3, 64, 2) == 23_040
+    assert kv_bytes_per_token(30, 3, 64, 4) == 46_080
+    assert model_kv_bytes_per_token(model.config, torch.bfloat16) == 23_040
+    assert model_kv_bytes_per_token(model.config, torch.float32) == 46_080
+
+
+@pytest.mark.parametrize("n", [1, 37, 300])
+def test_memory_formula_matches_the_cache_object(model, tokenizer, n):
+    _, cache = prefill(model, filler_ids(tokenizer, n))
+    assert cache_bytes(cache) == n * model_kv_bytes_per_token(model.config, model.dtype)
+    decode_step(model, [5], cache)
+    assert cache_bytes(cache) == (n + 1) * model_kv_bytes_per_token(model.config, model.dtype)
+
+
+def test_bfloat16_cache_memory_halves(tokenizer):
+    half, _ = course_lib.load_model(device="cpu", dtype="bfloat16", verbose=False)
+    _, cache = prefill(half, filler_ids(tokenizer, 20))
+    assert cache_bytes(cache) == 20 * 23_040
+
+
+TRACE = [Request("A", 0, 60, 80), Request("B", 5, 40, 120), Request("C", 12, 120, 40), Request("D", 20, 30, 60),
+         Request("E", 30, 90, 50), Request("F", 45, 50, 40), Request("G", 60, 20, 30)]
+
+
+@pytest.mark.parametrize("policy", ["reject", "evict"])
+def test_budget_is_never_exceeded(policy):
+    out = simulate_budget(TRACE, 320, policy)
+    assert max(out.usage) <= 320
+    assert set(out.status) == {r.name for r in TRACE}
+
+
+def test_policies_differ_as_described():
+    reject, evict = simulate_budget(TRACE, 320, "reject"), simulate_budget(TRACE, 320, "evict")
+    assert "evicted" not in reject.status.values() and "rejected" in reject.status.values()
+    assert "evicted" in evict.status.values()
+
+
+def test_everything_fits_with_a_big_budget():
+    for policy in ("reject", "evict"):
+        assert set(simulate_budget(TRACE, 10_000, policy).status.values()) == {"finished"}
+
+
+def test_bad_policy_and_budget():
+    with pytest.raises(ValueError, match="policy"):
+        simulate_budget(TRACE, 100, "panic")
+    with pytest.raises(ValueError, match="budget"):
+        simulate_budget(TRACE, 0, "reject")
