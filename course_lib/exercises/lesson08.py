@@ -32,7 +32,7 @@ def check_crossover(crossover_context) -> bool:
     return verdict(True, "past that context, decode reads more cache than weights", "")
 
 
-def check_phase_ratio(ratio, model, tokenizer, n: int = 256, tolerance: float = 1.7) -> bool:
+def check_phase_ratio(ratio, model, tokenizer, n: int = 256, tolerance: float = 2.5) -> bool:
     """ratio: prefill tokens/s at n prompt tokens divided by decode tokens/s at n tokens of context."""
     if not isinstance(ratio, (int, float)) or ratio <= 0:
         return verdict(False, "", "give the ratio as a positive number")
