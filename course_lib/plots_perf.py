@@ -81,3 +81,50 @@ def plot_benchmark(result: dict):
     axes[1].set_title("Decode: one token per pass")
     fig.suptitle(f"{result['machine']['name']} ({result['dtype']})")
     return fig
+
+
+def plot_padding(mask, row_labels: list[str] | None = None, ax=None, title: str = "A left-padded batch"):
+    """Grid of a (B, T) attention mask: real tokens coloured, padding grey."""
+    import numpy as np
+    ax = _axes(ax, (8, 0.5 * len(mask) + 1.2))
+    m = np.array(mask)
+    ax.imshow(m, cmap="Blues", vmin=-0.3, vmax=1.2, aspect="auto")
+    ax.set_yticks(range(len(m)), row_labels or [f"request {i}" for i in range(len(m))])
+    ax.set_xlabel("token column (padding on the left, so every row ends in the last column)")
+    waste = int((m == 0).sum())
+    ax.set_title(f"{title}: {waste} of {m.size} slots are padding ({waste / m.size:.0%})")
+    return ax
+
+
+def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Bigger batches: more throughput, more latency"):
+    """Twin axes against batch size: aggregate tokens per second (left) and per-request latency (right)."""
+    ax = _axes(ax)
+    sizes = [r["batch"] for r in rows]
+    ax.plot(sizes, [r["tokens_per_s"] for r in rows], "o-", color=PALETTE[0], label="throughput")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("tokens per second (all requests)", color=PALETTE[0])
+    ax.set_xscale("log", base=2)
+    right = ax.twinx()
+    right.plot(sizes, [r["latency_s"] for r in rows], "s--", color=PALETTE[3], label="latency")
+    right.set_ylabel("seconds until a request is done", color=PALETTE[3])
+    ax.set_title(title)
+    return ax
+
+
+def plot_timeline(runs: dict[str, list], ax=None, title: str = "When each request ran"):
+    """Gantt chart: one row per request and schedule; bar from admission to last token, tick at first token."""
+    ax = _axes(ax, (10, 0.35 * sum(len(j) for j in runs.values()) + 1.5))
+    y, ticks, labels = 0.0, [], []
+    for k, (name, jobs) in enumerate(runs.items()):
+        for job in jobs:
+            ax.barh(y, job.end - job.start, left=job.start, color=PALETTE[k], alpha=0.8)
+            ax.plot(job.first_token, y, "k|", markersize=8)
+            ticks.append(y)
+            labels.append(f"{name}: {job.name} ({job.new_tokens} tok)")
+            y += 1
+        y += 0.5  # a gap between schedules
+    ax.set_yticks(ticks, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since all requests were queued (| = first token)")
+    ax.set_title(title)
+    return ax

@@ -257,3 +257,44 @@ def test_lesson08_checks(model, tokenizer):
     ratio = (256 / prefill_seconds(model, tokenizer, [256])[0]) * decode_seconds(model, tokenizer, [256])[0]
     assert lesson08.check_phase_ratio(ratio, model, tokenizer)
     assert not lesson08.check_phase_ratio(ratio / 20, model, tokenizer)
+
+
+from course_lib.exercises import lesson09, lesson10
+
+
+def test_lesson09_checks():
+    def right(seqs, pad):
+        T = max(len(s) for s in seqs)
+        ids = torch.tensor([[pad] * (T - len(s)) + s for s in seqs])
+        mask = torch.tensor([[0] * (T - len(s)) + [1] * len(s) for s in seqs])
+        return ids, mask
+
+    def right_pad(seqs, pad):
+        T = max(len(s) for s in seqs)
+        return (torch.tensor([s + [pad] * (T - len(s)) for s in seqs]),
+                torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in seqs]))
+
+    assert lesson09.check_left_pad(right)
+    assert not lesson09.check_left_pad(right_pad)
+    assert lesson09.check_waste(lambda ls: sum(max(ls) - n for n in ls) / (max(ls) * len(ls)))
+    assert not lesson09.check_waste(lambda ls: sum(max(ls) - n for n in ls))
+    assert lesson09.check_mean_latency(lambda jobs: sum(j.end for j in jobs) / len(jobs))
+    assert not lesson09.check_mean_latency(lambda jobs: max(j.end for j in jobs))
+
+
+def test_lesson10_checks():
+    import json as _json
+    assert lesson10.check_body(lambda q: {"messages": [{"role": "user", "content": q}], "stream": True, "max_tokens": 50})
+    assert not lesson10.check_body(lambda q: {"messages": [{"role": "user", "content": q}], "max_tokens": 50})
+
+    def parse(raw):
+        out = ""
+        for line in raw.splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                out += _json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        return out
+
+    assert lesson10.check_parse(parse)
+    assert not lesson10.check_parse(lambda raw: raw)
+    assert lesson10.check_ttft(lambda start, arrivals: min(arrivals) - start)
+    assert not lesson10.check_ttft(lambda start, arrivals: max(arrivals) - start)

@@ -1,0 +1,214 @@
+# %% [markdown]
+# # 10 · Serving: the whole pipeline as a streaming API
+#
+# **Goal.** Close the loop the course opened in lesson 00: a prompt arrives at an HTTP endpoint, and the
+# answer streams back to the client as it is generated. We run a real OpenAI-compatible server on this
+# machine and talk to it with the official `openai` client.
+#
+# **You will**
+# - start a local server backed by course_lib's loop and continuous batching scheduler;
+# - watch words arrive over server-sent events, and measure time to first token for 1 and 8 clients;
+# - see how the server answers bad requests, and what production servers add on top.
+
+# %% [markdown]
+# ## Set-up
+#
+# The server listens on 127.0.0.1 only (nothing outside this machine can reach it), on a free port.
+
+# %%
+import json
+import statistics
+import threading
+import time
+import httpx
+import openai
+import course_lib
+from course_lib.serving import start_server, free_port
+
+model, tokenizer = course_lib.load_model()
+server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=256, max_batch=8)
+print("serving at", server.url)
+
+# %% [markdown]
+# ## 1. A request, the way every chat product sends one
+#
+# The endpoint is `POST /v1/chat/completions`, with the same JSON shape as OpenAI's API, so the
+# official client works unchanged: only the base URL points here.
+
+# %%
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed-locally")
+reply = client.chat.completions.create(
+    model="smollm2-135m-instruct",
+    messages=[{"role": "system", "content": "You are a helpful assistant."},
+              {"role": "user", "content": "What is the capital of France?"}])
+print(repr(reply.choices[0].message.content), "| finish:", reply.choices[0].finish_reason, "|", reply.usage)
+
+# %% [markdown]
+# ## 2. Streaming: words as they are generated
+#
+# With `stream=True` the server sends **server-sent events**: one small JSON chunk per piece of text,
+# as the loop produces it (through the incremental decoder of lesson 06, so no piece breaks a character).
+
+# %%
+start, arrivals, text = time.perf_counter(), [], ""
+stream = client.chat.completions.create(model="smollm2-135m-instruct", stream=True, max_tokens=80,
+                                        messages=[{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
+for chunk in stream:
+    piece = chunk.choices[0].delta.content
+    if piece:
+        arrivals.append(time.perf_counter() - start)
+        text += piece
+        print(piece, end="", flush=True)
+print(f"\n\nfirst piece after {arrivals[0] * 1000:.0f} ms, then one every {statistics.median(a - b for a, b in zip(arrivals[1:], arrivals)) * 1000:.0f} ms (median)")
+
+# %% [markdown]
+# The same stream without the client library, as raw HTTP: each event is a line starting with `data: `.
+
+# %%
+body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True}
+with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+    for line in response.iter_lines():
+        if line:
+            print(line[:110])
+
+# %% [markdown]
+# Streaming here is not a display effect: each event leaves the server one decode step after the
+# previous one. The greedy streamed text equals the non-streamed answer (the tests check it).
+#
+# ## 3. One client, then eight at once
+#
+# The server's engine batches whatever requests are running (continuous batching, lesson 09). We measure
+# time to first token (TTFT) and tokens per second for one client alone, then for eight at the same time.
+
+# %%
+def one_client(i, results):
+    t0, first, n = time.perf_counter(), None, 0
+    for chunk in client.chat.completions.create(model="m", stream=True, max_tokens=40,
+                                                messages=[{"role": "user", "content": f"Tell me a fact about the number {i}."}]):
+        if chunk.choices[0].delta.content:
+            first, n = first or time.perf_counter() - t0, n + 1
+    results[i] = {"ttft": first, "total": time.perf_counter() - t0, "pieces": n}
+
+def load_test(clients):
+    results = {}
+    threads = [threading.Thread(target=one_client, args=(i, results)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "mean_ttft": statistics.mean(r["ttft"] for r in results.values()),
+            "pieces_per_s": sum(r["pieces"] for r in results.values()) / wall, "wall": wall}
+
+# %%
+measured = [load_test(1), load_test(8)]
+for m in measured:
+    print(f"{m['clients']} client(s): mean TTFT {m['mean_ttft'] * 1000:6.0f} ms | {m['pieces_per_s']:5.1f} pieces/s "
+          f"in total | all done in {m['wall']:.1f} s")
+
+# %% [markdown]
+# With eight clients the server delivers far more text per second in total, because eight requests
+# share each decode step; each client waits longer for its first piece (the prompts are prefilled
+# together and each step carries eight rows). That is lesson 09's trade, now seen from the client side.
+#
+# ## 4. Bad requests get clear answers
+#
+# A server meets malformed and hostile input. Each case below gets an HTTP status and a message
+# (the test suite checks every one, plus a client that disconnects mid-stream: the server stops
+# generating for it and keeps serving others).
+
+# %%
+url = server.url + "/v1/chat/completions"
+cases = {"malformed JSON": b"{not json", "no messages": json.dumps({"messages": []}).encode(),
+         "unknown role": json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(),
+         "max_tokens 0": json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).encode(),
+         "prompt beyond the window": json.dumps({"messages": [{"role": "user", "content": "hi " * 9000}]}).encode(),
+         "body over 64 KB": json.dumps({"messages": [{"role": "user", "content": "x" * 70000}]}).encode()}
+for name, raw in cases.items():
+    r = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    print(f"{name:<26} -> {r.status_code}: {r.json()['error']['message'][:80]}")
+
+# %% [markdown]
+# And a request for more tokens than the server allows is **clamped**, not refused; the response
+# header says to what:
+
+# %%
+r = httpx.post(url, json={"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 100000}, timeout=120)
+print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clamped"), "|",
+      r.json()["usage"]["completion_tokens"], "tokens generated")
+
+# %% [markdown]
+# ## 5. What production servers add
+#
+# This server is the pipeline in a few hundred lines. The feature lists of two production servers, as
+# their own documentation names them (vLLM's front page at docs.vllm.ai; Hugging Face's Text Generation
+# Inference, TGI, in its README and its "PagedAttention" concept page), map onto what this course measured:
+#
+# | Feature (named in their docs) | vLLM | TGI | Where the course measured the cost it answers |
+# |---|---|---|---|
+# | PagedAttention: KV cache in blocks, allocated as needed | yes | yes | 07: the KV budget, reject or evict |
+# | Continuous batching of incoming requests | yes | yes | 09: static against continuous; this server's engine |
+# | Quantization (GPTQ, AWQ, bitsandbytes...) | yes | yes | 03 and 08: bytes per weight; decode reads every weight |
+# | CUDA graphs / custom CUDA kernels | yes | yes | 08: kernel-launch overhead at batch 1 |
+# | Tensor parallelism across GPUs | yes | yes | 07: weights and caches that outgrow one GPU |
+# | Streaming outputs, OpenAI-compatible API | yes | yes | 06 and this lesson |
+#
+# None of these changes what inference *is*: each makes one of the costs above smaller.
+
+# %% [markdown]
+# ## 6. Stop the server
+
+# %%
+server.stop()
+print("server stopped; engine thread alive:", server.app.state.engine.thread.is_alive())
+
+# %% [markdown]
+# ---
+# ## Summary
+#
+# - An OpenAI-compatible endpoint is a thin layer over the pipeline: template, loop, detokenize, stream.
+# - Streaming sends each piece over server-sent events as the loop produces it.
+# - Batching concurrent clients raises total throughput and lengthens each client's wait for the first token.
+# - A server must turn bad input into clear HTTP errors and stop work for clients that leave.
+# - Production servers (vLLM, TGI) add paged KV memory, continuous batching and quantization on the same foundations.
+
+# %% [markdown]
+# ---
+# ## Exercises
+#
+# **1.** Write `make_body(question)`: the JSON body (a dict) for one user message, streaming on, 50 tokens at most.
+
+# %%
+from course_lib.exercises import lesson10 as ex
+
+def make_body(question):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_body(make_body)
+
+# %% [markdown]
+# **2.** Write `parse_stream(raw)`: given the raw text of a server-sent-events stream, return the
+# concatenated content of all chunks.
+
+# %%
+def parse_stream(raw):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_parse(parse_stream)
+
+# %% [markdown]
+# **3.** Write `ttft(start, arrival_times)`: seconds from the request (`start`) to the first content piece.
+
+# %%
+def ttft(start, arrival_times):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_ttft(ttft)
+
+# %% [markdown]
+# **Next:** you have followed one prompt from a keystroke to a streamed answer. Go back to lesson 00:
+# every step of the tour is now something you have measured yourself.

@@ -1,0 +1,70 @@
+import pytest
+import torch
+
+from course_lib.batching import ContinuousBatch, Job, generate_static, left_pad, padding_waste, run_schedule
+from course_lib.generation import generate
+from course_lib.kv_cache import run_with_cache
+
+from conftest import chat_ids
+
+QUESTIONS = ["What is the capital of France?", "Write a short story about a robot who learns to paint.",
+             "What is 2 + 2?", "Hi", "Give me three tips for staying focused while studying at home."]
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [chat_ids(tokenizer, q, system=None) for q in QUESTIONS]
+
+
+def test_left_pad_layout():
+    b = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert b.input_ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert b.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert b.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert b.padding == 2 and padding_waste([3, 1]) == (2, 6)
+    with pytest.raises(ValueError, match="at least one token"):
+        left_pad([[1], []], 0)
+
+
+def test_batched_greedy_equals_each_alone(model, tokenizer, prompts):
+    batched = generate_static(model, tokenizer, prompts, max_new_tokens=32)
+    for p, b in zip(prompts, batched):
+        assert b == generate(model, tokenizer, p, max_new_tokens=32).token_ids
+
+
+@pytest.mark.parametrize("continuous", [False, True], ids=["static", "continuous"])
+def test_schedules_give_each_job_its_own_tokens(model, prompts, continuous):
+    jobs = [Job(f"r{i}", prompts[i % len(prompts)], n) for i, n in enumerate([12, 3, 20, 7, 1, 9, 15])]
+    run_schedule(model, jobs, max_batch=3, continuous=continuous)
+    for job in jobs:
+        assert job.tokens == run_with_cache(model, job.prompt, job.new_tokens).token_ids, job.name
+        assert job.start <= job.first_token <= job.end
+
+
+def test_continuous_admits_as_soon_as_a_slot_frees(model, prompts):
+    jobs = [Job("long", prompts[1], 20), Job("short", prompts[0], 2), Job("waiting", prompts[2], 4)]
+    run_schedule(model, jobs, max_batch=2, continuous=True)
+    assert jobs[2].start < jobs[0].end  # joined while the long job was still running
+    static = [Job("long", prompts[1], 20), Job("short", prompts[0], 2), Job("waiting", prompts[2], 4)]
+    run_schedule(model, static, max_batch=2, continuous=False)
+    assert static[2].start >= static[0].end  # static waits for the whole batch
+
+
+def test_cancelled_job_leaves_the_batch(model, prompts):
+    batch = ContinuousBatch(model)
+    a, b = Job("a", prompts[0], 50), Job("b", prompts[1], 5)
+    batch.add([a, b])
+    batch.step()
+    a.cancelled = True
+    batch.step()
+    assert [j.name for j in batch.jobs] == ["b"] and a.finish_reason == "cancelled"
+    while batch.jobs:
+        batch.step()
+    assert b.tokens == run_with_cache(model, prompts[1], 5).token_ids
+
+
+def test_stop_ids_end_a_job(model, tokenizer, prompts):
+    job = Job("q", prompts[0], 50, frozenset({2}))
+    run_schedule(model, [job], max_batch=1, continuous=True)
+    assert job.tokens[-1] == 2 and job.finish_reason == "stop"
+    assert tokenizer.decode(job.tokens, skip_special_tokens=True) == "The capital of France is Paris."
