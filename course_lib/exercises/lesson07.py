@@ -36,11 +36,17 @@ def check_positions(positions_without_cache) -> bool:
     return verdict(True, "a sum of growing lengths: quadratic in n_new, not exponential", "")
 
 
-def check_ratio(ratio, model, prompt_ids, n_new: int = 48, tolerance: float = 2.0) -> bool:
-    """ratio: uncached time / cached time for n_new tokens; accepted within a factor `tolerance` of a rerun."""
+def measure_ratio(model, prompt_ids, n_new: int = 48) -> float:
+    """Uncached time / cached time for n_new greedy tokens, measured now."""
+    return run_without_cache(model, prompt_ids, n_new).total / run_with_cache(model, prompt_ids, n_new).total
+
+
+def check_ratio(ratio, model, prompt_ids, n_new: int = 48, tolerance: float = 2.0, reference: float | None = None) -> bool:
+    """ratio: uncached time / cached time for n_new tokens; accepted within a factor `tolerance` of a rerun
+    (or of `reference`, a ratio measured earlier in the same conditions)."""
     if not isinstance(ratio, (int, float)) or ratio <= 0:
         return verdict(False, "", "give the ratio as a positive number (uncached seconds / cached seconds)")
-    rerun = run_without_cache(model, prompt_ids, n_new).total / run_with_cache(model, prompt_ids, n_new).total
+    rerun = reference if reference is not None else measure_ratio(model, prompt_ids, n_new)
     ok = rerun / tolerance <= ratio <= rerun * tolerance
     return verdict(ok, f"your {ratio:.2f}x agrees with the rerun's {rerun:.2f}x",
                    f"the rerun measured {rerun:.2f}x, your {ratio!r} is outside a factor {tolerance}. "

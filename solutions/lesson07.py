@@ -1,0 +1,15 @@
+from course_lib.kv_cache import run_with_cache, run_without_cache
+
+model = tokenizer = None
+
+
+def kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number):
+    return 2 * tokens * layers * kv_heads * head_dim * bytes_per_number
+
+
+def positions_without_cache(prompt_len, n_new):
+    return sum(prompt_len + i for i in range(n_new))
+
+
+def ratio(prompt, n_new=48):
+    return run_without_cache(model, prompt, n_new).total / run_with_cache(model, prompt, n_new).total

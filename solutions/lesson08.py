@@ -1,0 +1,17 @@
+from course_lib.bench import decode_seconds, prefill_seconds
+
+model = tokenizer = None
+
+
+def achieved_bandwidth(weight_bytes, seconds_per_token):
+    return weight_bytes / seconds_per_token
+
+
+def crossover_context(weight_bytes, kv_bytes_per_token):
+    return int(weight_bytes // kv_bytes_per_token)
+
+
+def ratio(n=256):
+    prefill_tps = n / prefill_seconds(model, tokenizer, [n])[0]
+    decode_tps = 1 / decode_seconds(model, tokenizer, [n])[0]
+    return prefill_tps / decode_tps
