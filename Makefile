@@ -1,5 +1,5 @@
 # The course's commands. `make course` sets up and opens the course; `make test` sets up and runs every test.
-.PHONY: setup course test doctor bench clean-cache
+.PHONY: setup course test doctor bench site clean-cache
 
 setup:
 	bash scripts/setup.sh
@@ -14,7 +14,12 @@ doctor: setup
 	.venv/bin/python -m course_lib doctor
 
 bench: setup
-	.venv/bin/python -m course_lib bench
+	.venv/bin/python -m course_lib bench --out build/bench
+	@if [ -x /usr/bin/chromium ]; then .venv/bin/python scripts/browser_check.py --out build/bench/browser; \
+	else echo "bench: no /usr/bin/chromium, so no browser timings (apt-get install chromium)"; fi
+
+site: setup
+	.venv/bin/python scripts/build_site.py --out build/site
 
 clean-cache:
 	rm -rf .course_cache
