@@ -4,8 +4,11 @@
 setup:
 	bash scripts/setup.sh
 
+# JupyterLab refuses to run as root unless told; containers and workshop VMs often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 course: setup
-	.venv/bin/jupyter lab notebooks/00_pipeline_tour.ipynb
+	.venv/bin/jupyter lab $(ROOT_FLAG) notebooks/00_pipeline_tour.ipynb
 
 test: setup
 	.venv/bin/python -m pytest

@@ -38,7 +38,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary position tables: each pair of dimensions turns by an angle that grows with the position. (T, D) each"""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (D/2,)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)  # (D/2,)
     angles = positions.float()[:, None] * inv_freq[None, :]  # (T, D/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, D): llama pairs dimension i with i + D/2
     return angles.cos(), angles.sin()
@@ -54,8 +54,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 @torch.inference_mode()
 def attention_by_hand(layer, x: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer's attention sub-block from its own weights. x: (T, hidden) residual stream entering the layer.
-    Returns (attention output before the residual add (T, hidden), weights (H, T, T))."""
+    Returns (attention output before the residual add (T, hidden), weights (H, T, T)), on x's device."""
     attn, T = layer.self_attn, x.shape[0]
+    weight = attn.q_proj.weight
+    x = x.to(weight.device, weight.dtype)  # note: the residual stream may come from the CPU (layer_outputs)
     H, KV, D = config.num_attention_heads, config.num_key_value_heads, config.hidden_size // config.num_attention_heads
     D = getattr(config, "head_dim", None) or D
     h = rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)  # (T, hidden)
@@ -71,7 +73,7 @@ def attention_by_hand(layer, x: torch.Tensor, config) -> tuple[torch.Tensor, tor
     scores = scores.masked_fill(causal, float("-inf"))  # a token may not look at later tokens
     weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (H, T, T)
     out = (weights @ v).transpose(0, 1).reshape(T, H * D)  # (T, hidden)
-    return attn.o_proj(out), weights
+    return attn.o_proj(out), weights.float().cpu()
 
 
 def top_attended(weights: torch.Tensor, query: int, key: int, k: int = 5) -> list[tuple[int, int, float]]:

@@ -134,12 +134,14 @@ def block_by_hand(layer, x: torch.Tensor, config) -> torch.Tensor:
     """One decoder block from its own weights: x + attention(norm(x)), then + SwiGLU feed-forward(norm(.)).
     x: (T, hidden) entering the block. Returns (T, hidden) leaving it."""
     from .attention import attention_by_hand, rms_norm
+    home = x.device
+    x = x.to(layer.mlp.up_proj.weight.device, layer.mlp.up_proj.weight.dtype)
     attn_out, _ = attention_by_hand(layer, x, config)
     x = x + attn_out  # residual connection around attention
     h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
     mlp = layer.mlp
     gated = torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)  # (T, intermediate): SwiGLU
-    return x + mlp.down_proj(gated)  # residual connection around the feed-forward
+    return (x + mlp.down_proj(gated)).float().to(home)  # residual connection around the feed-forward
 
 
 def flops_per_token(n_params: int, n_embedding: int) -> float:

@@ -24,7 +24,8 @@ from course_lib.forward import (parameter_map, memory_by_dtype, capture_shapes, 
 from course_lib.loading import GGUF_BYTES
 from course_lib.runtime import time_it
 
-model, tokenizer = course_lib.load_model()
+# float32 even on a GPU, so the hand-written block in section 6 can match the library to 1e-4
+model, tokenizer = course_lib.load_model(dtype="float32")
 cfg = model.config
 prompt = "What is the capital of France?"
 ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -24,7 +24,7 @@ from course_lib import plots
 from course_lib.attention import attention_weights, attention_by_hand, kv_groups, top_attended, time_scores
 from course_lib.forward import layer_outputs, forward_logits, logits_to_probs, top_candidates
 
-model, tokenizer = course_lib.load_model(attn_implementation="eager")
+model, tokenizer = course_lib.load_model(attn_implementation="eager", dtype="float32")  # float32: exact comparisons
 cfg = model.config
 def pieces(text):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
