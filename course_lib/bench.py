@@ -72,7 +72,7 @@ def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 256, r
     return 2 * src.numel() * 4 / best
 
 
-def loop_vs_generate(model, prompt_ids: list[int], n_new: int, repeats: int = 2) -> dict:
+def loop_vs_generate(model, prompt_ids: list[int], n_new: int, repeats: int = 3) -> dict:
     """Tokens per second of the course loop and of model.generate, producing the same greedy tokens.
     Both are warmed up, then timed alternately `repeats` times; the best time of each counts."""
     ids = torch.tensor([prompt_ids], device=model.device)
@@ -97,10 +97,14 @@ def loop_vs_generate(model, prompt_ids: list[int], n_new: int, repeats: int = 2)
 
 
 def cache_ratios(model, prompt_ids: list[int], lengths: list[int]) -> list[dict]:
-    """Time without the KV cache divided by time with it, for several numbers of new tokens."""
+    """Time without the KV cache divided by time with it, for several numbers of new tokens.
+    After a warm-up, the cached run (seconds long) is timed twice and the best kept; the uncached run
+    (up to a minute) once, which already averages over many steps."""
+    run_with_cache(model, prompt_ids, 4)  # warm-up
     rows = []
     for n in lengths:
-        with_cache, without = run_with_cache(model, prompt_ids, n), run_without_cache(model, prompt_ids, n)
+        with_cache = min((run_with_cache(model, prompt_ids, n) for _ in range(2)), key=lambda r: r.total)
+        without = run_without_cache(model, prompt_ids, n)
         rows.append({"new_tokens": n, "cached_s": with_cache.total, "uncached_s": without.total,
                      "ratio": without.total / with_cache.total, "same_tokens": with_cache.token_ids == without.token_ids,
                      "positions_cached": with_cache.positions_processed, "positions_uncached": without.positions_processed})
