@@ -28,7 +28,7 @@ def token_chips(tokens, title: str = "") -> str:
         chips.append(
             f'<span title="token ID {tok.id}" style="display:inline-flex;flex-direction:column;align-items:center;'
             f'margin:2px;padding:1px 4px;border-radius:4px;border:{border};{style};font-family:monospace">'
-            f'<span style="white-space:pre">{_visible(tok.text)}</span>'
+            f'<span style="white-space:pre">{_visible(tok.text) if tok.complete else html.escape(tok.text)}</span>'
             f'<span style="font-size:9px;opacity:.7">{tok.id}</span></span>')
     head = f'<div style="font-weight:bold;margin-top:6px">{_visible(title).replace("␣", " ")}</div>' if title else ""
     return f'{head}<div style="line-height:2.2">{"".join(chips)}</div>'
