@@ -71,6 +71,7 @@ def check_cache() -> Check:
 
 
 def check_generation() -> Check:
+    from .context import context_ids
     from .generation import generate
     from .loading import load_model
     start = time.perf_counter()
@@ -79,8 +80,7 @@ def check_generation() -> Check:
     start = time.perf_counter()
     model, tokenizer = load_model(verbose=False)
     loaded = time.perf_counter() - start
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    ids = context_ids(tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
     result = generate(model, tokenizer, ids, max_new_tokens=16)
     seconds = result.steps[-1].at
     ok = "Paris" in result.text

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .forward import entropy_bits
+
 
 def _check_logits(logits: torch.Tensor) -> torch.Tensor:
     if not torch.is_tensor(logits) or logits.dim() not in (1, 2) or logits.shape[-1] == 0:
@@ -123,8 +125,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, num_sa
 
 def effective_choices(probs: torch.Tensor) -> float:
     """2 ** entropy in bits: how many equally likely tokens would be as uncertain. 1 means certain."""
-    p = probs[probs > 0].double()
-    return float(torch.exp(-(p * p.log()).sum()))
+    return 2.0 ** entropy_bits(probs)
 
 
 def make_sampler(config: SamplingConfig, seed: int | None = None, history: list[int] | None = None):

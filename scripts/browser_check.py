@@ -13,13 +13,14 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from course_lib.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
@@ -52,12 +53,6 @@ TIMED_KEY = """async ([label, watch, key]) => {
   return {changed: end !== null, ms: end === null ? null : end - start, before: before.slice(0, 120),
           after: view.innerText.slice(0, 120)};
 }"""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Lab:
@@ -105,9 +100,8 @@ def run_notebook(page, lab: Lab, name: str, timeout_s: int = 300):
     # note: a workspace per notebook, so the lab does not reopen the previous notebook's tab as well
     page.goto(f"{lab.url}/lab/workspaces/{Path(name).stem}/tree/{name}?token={lab.token}")
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-    page.wait_for_function("() => document.querySelector('.jp-Notebook-ExecutionIndicator') === null || "
-                           "!document.body.innerText.includes('Kernel Connecting')", timeout=60_000)
-    time.sleep(2)  # let the kernel connect
+    page.wait_for_function("() => [...document.querySelectorAll('.jp-StatusBar-TextItem')]"
+                           ".some(e => e.innerText.includes('Idle'))", timeout=60_000)  # the kernel is ready
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     page.wait_for_function("""() => {

@@ -44,5 +44,6 @@ def tokenizer(smol):
 
 
 def chat_ids(tokenizer, question, system="You are a helpful assistant."):
+    from course_lib.context import context_ids
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    return context_ids(tokenizer, messages)

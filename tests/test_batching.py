@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from course_lib.batching import ContinuousBatch, Job, generate_static, left_pad, padding_waste, run_schedule
 from course_lib.generation import generate

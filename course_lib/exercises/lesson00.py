@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..context import context_ids
 from ..generation import generate
 from . import safely, verdict
 
@@ -24,8 +25,7 @@ def check_count_tokens(count_tokens, tokenizer) -> bool:
 
 
 def _chat_ids(tokenizer, question: str) -> list[int]:
-    messages = [{"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+    return context_ids(tokenizer, [{"role": "user", "content": question}])
 
 
 @torch.inference_mode()

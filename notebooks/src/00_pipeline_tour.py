@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import course_lib
 from course_lib.runtime import stopwatch
 from course_lib.forward import logits_to_probs, top_candidates, entropy_bits
-from course_lib.generation import prefill, decode_step, generate, end_of_turn_ids
+from course_lib.generation import generate, end_of_turn_ids
 from course_lib import plots
 
 model, tokenizer = course_lib.load_model()

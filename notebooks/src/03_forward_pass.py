@@ -13,7 +13,6 @@
 # ## Set-up
 
 # %%
-import time
 import matplotlib.pyplot as plt
 import torch
 import course_lib
@@ -107,7 +106,8 @@ plt.show()
 # into probabilities; their log is what training optimised; entropy measures the uncertainty.
 
 # %%
-logits = forward_logits(model, ids)[0, -1]  # (V,)
+all_logits = forward_logits(model, ids)[0]  # (T, V): one pass, every position (section 4 reuses it)
+logits = all_logits[-1]  # (V,) the next token after the whole prompt
 probs = logits_to_probs(logits)
 for c in top_candidates(tokenizer, probs, k=8):
     print(f"{c.text!r:<12} logit {logits[c.token_id]:7.2f}  p {c.prob:.3f}  log p {torch.log(torch.tensor(c.prob)):7.2f}")
@@ -131,8 +131,7 @@ plt.show()
 # call no matter the prompt length, and why training can learn from every position in parallel.
 
 # %%
-all_logits = forward_logits(model, ids)[0]  # (T, V)
-for t in range(len(ids)):
+for t in range(len(ids)):  # all_logits came from the single pass of section 3
     guess = int(all_logits[t].argmax())
     print(f"after {tokenizer.decode(ids[: t + 1])!r:<34} -> {tokenizer.decode([guess])!r}")
 

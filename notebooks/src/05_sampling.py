@@ -25,7 +25,7 @@ from course_lib.forward import forward_logits
 from course_lib.context import context_ids
 from course_lib.generation import generate
 from course_lib.sampling import (SamplingConfig, logits_to_probs, reshape, sample, make_sampler,
-                                 top_k_filter, top_p_filter, min_p_filter, effective_choices)
+                                 top_k_filter)
 
 model, tokenizer = course_lib.load_model()
 messages = [{"role": "system", "content": "You are a helpful assistant."},

@@ -13,15 +13,14 @@
 # ## Set-up
 
 # %%
-import time
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import display, Markdown
 import course_lib
 from course_lib import plots
 from course_lib.context import context_ids
-from course_lib.generation import (prefill, decode_step, generate, generate_steps, stream, naive_pieces,
-                                   IncrementalDecoder, end_of_turn_ids, greedy)
+from course_lib.generation import (generate, stream, naive_pieces,
+                                   IncrementalDecoder, end_of_turn_ids)
 
 model, tokenizer = course_lib.load_model()
 def chat(question, system="You are a helpful assistant."):

@@ -132,7 +132,7 @@ plt.show()
 # **1.** Write `my_left_pad(sequences, pad_id)` returning `(input_ids, attention_mask)` as (B, T) tensors.
 
 # %%
-import torch
+import torch  # for your answer to exercise 1
 from course_lib.exercises import lesson09 as ex
 
 def my_left_pad(sequences, pad_id):
