@@ -3,8 +3,11 @@
     import course_lib
     model, tokenizer = course_lib.load_model()
 
-Modules: runtime (device, dtype, timing), loading (model and tokenizer), tokenization, forward,
-generation, plots (pictures only). Nothing heavy is imported until it is used.
+Modules, in pipeline order: runtime (device, dtype, timing), loading (model and tokenizer),
+tokenization, context, forward, attention, sampling, generation (the one inference core), kv_cache,
+batching, serving; Part II: model (SmolLM2 written out). Measurements: bench, engine_speed. Pictures
+only: plots, plots_perf, html_views, widgets. Also doctor and exercises. Nothing heavy is imported
+until it is used.
 """
 import importlib
 

@@ -32,8 +32,10 @@ def kv_groups(config) -> dict[int, list[int]]:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Scale each vector to unit root-mean-square, then by a learned weight (no mean subtraction, no bias)."""
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """Scale each vector to unit root-mean-square, then by a learned weight (no mean subtraction, no bias).
+    Computed in float32 and returned in x's dtype, as the library does (it matters in bfloat16)."""
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,23 +1,25 @@
 """Batching: several requests share each forward pass.
 
 What it does: left-pads prompts of different lengths into one (B, T) batch with an attention mask
-and per-row position IDs; runs greedy generation for a static batch; and schedules a queue of
-requests either statically (fixed batches, each waiting for its longest member) or continuously
-(a finished request's slot is refilled at once: its KV cache rows are dropped and the newcomer's
-prefilled cache is padded and joined to the batch). Every request's timeline is recorded.
-What it does not do: page the KV cache or sample (greedy only, so batched output can be checked
-against each request run alone).
+and per-row position IDs; and schedules a queue of requests either statically (fixed batches, each
+waiting for its longest member) or continuously (a finished request's slot is refilled at once: its
+KV cache rows are dropped and the newcomer's prefilled cache is padded and joined to the batch).
+Every forward pass goes through generation.prefill / decode_step, every token through the job's
+picker (greedy unless one is given: then it samples) and every stop through generation.Stopper, so
+a batched request stops exactly as it would alone, stop strings included. Every request's timeline
+is recorded. Works on the library's model and on the course's own (`model.Model`).
+What it does not do: page the KV cache (lesson 13).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
-from transformers import DynamicCache
 
-from .generation import end_of_turn_ids
+from . import kv_cache
+from .generation import Pick, Stopper, decode_step, end_of_turn_ids, prefill
+from .sampling import greedy
 
 
 @dataclass
@@ -50,25 +52,6 @@ def padding_waste(lengths: list[int]) -> tuple[int, int]:
     return sum(max(lengths) - n for n in lengths), max(lengths) * len(lengths)
 
 
-@torch.inference_mode()
-def batch_prefill(model, batch: Batch):
-    """One forward pass over a padded batch. Returns (last-position logits (B, V), cache)."""
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=batch.input_ids.to(model.device), attention_mask=batch.attention_mask.to(model.device),
-                position_ids=batch.position_ids.to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :].float(), out.cache
-
-
-@torch.inference_mode()
-def batch_decode_step(model, tokens: torch.Tensor, cache, mask: torch.Tensor, positions: torch.Tensor):
-    """One new token per row. mask: (B, T_cache) before this step; positions: (B,) of the new tokens.
-    Returns (logits (B, V), cache, mask (B, T_cache + 1))."""
-    mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype)], dim=1)  # (B, T + 1)
-    out = model(input_ids=tokens.reshape(-1, 1).to(model.device), attention_mask=mask.to(model.device),
-                position_ids=positions.reshape(-1, 1).to(model.device), cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :].float(), out.cache, mask
-
-
 def generate_static(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, stop: bool = True) -> list[list[int]]:
     """Greedy generation for one static batch; each row stops at its end-of-turn token (if stop) or the limit."""
     stop_ids = frozenset(end_of_turn_ids(model, tokenizer)) if stop else frozenset()
@@ -84,10 +67,11 @@ class Job:
     prompt: list[int]
     new_tokens: int
     stop_ids: frozenset = frozenset()  # tokens that end it early (end of turn); empty = run to new_tokens
-    pick: Callable[[torch.Tensor], int] | None = None  # None = greedy
+    pick: Pick | None = None  # None = greedy
+    stopper: Stopper | None = None  # None = made at admission from stop_ids and new_tokens (no stop strings)
     tokens: list[int] = field(default_factory=list)
     cancelled: bool = False  # set from outside (a client left); the job leaves at the next step
-    finish_reason: str = ""
+    finish_reason: str = ""  # one of generation.STOP_REASONS once it is done
     start: float = float("nan")  # seconds since the run began: admitted to a batch
     first_token: float = float("nan")
     end: float = float("nan")
@@ -102,29 +86,36 @@ class ContinuousBatch:
         self.model, self.jobs = model, []
         self.cache = self.mask = self.logits = self.positions = None
         self.clock = time.perf_counter() if clock is None else clock
+        self.window = model.config.max_position_embeddings
 
     def now(self) -> float:
         return time.perf_counter() - self.clock
 
     def add(self, newcomers: list[Job]) -> None:
+        device = self.model.device
         batch = left_pad([j.prompt for j in newcomers], 0)
-        logits, cache = batch_prefill(self.model, batch)
-        lengths = batch.attention_mask.sum(dim=1)  # (B_new,)
+        mask = batch.attention_mask.to(device)
+        room = max(j.new_tokens for j in newcomers)
+        logits, cache = prefill(self.model, batch.input_ids, attention_mask=mask,
+                                position_ids=batch.position_ids, capacity=batch.input_ids.shape[1] + room)
+        lengths = mask.sum(dim=1)  # (B_new,) on the device
         for job in newcomers:
             job.start = self.now()
+            if job.stopper is None:
+                job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
         if self.jobs:
-            self.cache, self.mask = _join(self.cache, self.mask, cache, batch.attention_mask)
+            self.cache, self.mask = kv_cache.join(self.cache, self.mask, cache, mask)
             self.logits = torch.cat([self.logits, logits])
             self.positions = torch.cat([self.positions, lengths])
         else:
-            self.cache, self.mask, self.logits, self.positions = cache, batch.attention_mask, logits, lengths
+            self.cache, self.mask, self.logits, self.positions = cache, mask, logits, lengths
         self.jobs += newcomers
 
     def step(self) -> list[tuple[Job, int]]:
         """One token for every job; returns what was emitted. Finished and cancelled jobs leave the batch."""
         if not self.jobs:
             return []
-        tokens = [j.pick(self.logits[i]) if j.pick else int(self.logits[i].argmax()) for i, j in enumerate(self.jobs)]
+        tokens = [(j.pick or greedy)(self.logits[i])[0] for i, j in enumerate(self.jobs)]
         stamp, emitted, keep = self.now(), [], []
         for row, (job, token) in enumerate(zip(self.jobs, tokens)):
             if job.cancelled:
@@ -134,46 +125,27 @@ class ContinuousBatch:
             emitted.append((job, token))
             if len(job.tokens) == 1:
                 job.first_token = stamp
-            if token in job.stop_ids or len(job.tokens) >= job.new_tokens:
-                job.finish_reason = "stop" if token in job.stop_ids else "length"
-                job.end = stamp
+            reason = job.stopper.update(token)
+            if reason:
+                job.finish_reason, job.end = reason, stamp
             else:
                 keep.append(row)
-        tokens = torch.tensor(tokens, dtype=torch.long)
+        device = self.model.device
+        tokens = torch.tensor(tokens, dtype=torch.long, device=device)
         if len(keep) < len(self.jobs):  # drop finished rows from every tensor of the batch
-            index = torch.tensor(keep, dtype=torch.long)
             self.jobs = [self.jobs[i] for i in keep]
             if not self.jobs:
                 self.cache = self.mask = self.logits = self.positions = None
                 return emitted
-            self.cache.batch_select_indices(index.to(self.model.device))
+            index = torch.tensor(keep, dtype=torch.long, device=device)
+            kv_cache.select_rows(self.cache, index)
             self.mask, tokens, self.positions = self.mask[index], tokens[index], self.positions[index]
-            self.cache, self.mask = _trim(self.cache, self.mask)
-        self.logits, self.cache, self.mask = batch_decode_step(self.model, tokens, self.cache, self.mask, self.positions)
+            self.cache, self.mask = kv_cache.trim(self.cache, self.mask)
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)  # (B, S + 1)
+        self.logits, self.cache = decode_step(self.model, tokens, self.cache, attention_mask=self.mask,
+                                              positions=self.positions)
         self.positions = self.positions + 1
         return emitted
-
-
-def _join(cache_a, mask_a, cache_b, mask_b):
-    """Concatenate two batched caches along the batch, left-padding the shorter in time. Returns (cache, mask)."""
-    Ta, Tb = mask_a.shape[1], mask_b.shape[1]
-    T = max(Ta, Tb)
-    pad = lambda x, n: torch.nn.functional.pad(x, (0, 0, n, 0)) if n else x  # noqa: E731 - (B, KV, T, D) left pad T
-    for la, lb in zip(cache_a.layers, cache_b.layers):
-        la.keys = torch.cat([pad(la.keys, T - Ta), pad(lb.keys, T - Tb)], dim=0)
-        la.values = torch.cat([pad(la.values, T - Ta), pad(lb.values, T - Tb)], dim=0)
-    mask = torch.cat([torch.nn.functional.pad(mask_a, (T - Ta, 0)), torch.nn.functional.pad(mask_b, (T - Tb, 0))])
-    return cache_a, mask
-
-
-def _trim(cache, mask):
-    """Drop leading columns that are padding in every row (left behind when a long request leaves)."""
-    first = int(mask.any(dim=0).nonzero()[0])
-    if first:
-        for layer in cache.layers:
-            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
-        mask = mask[:, first:]
-    return cache, mask
 
 
 def run_schedule(model, jobs: list[Job], max_batch: int, continuous: bool) -> list[Job]:

@@ -17,25 +17,10 @@ from pathlib import Path
 
 import torch
 
+from .context import filler_ids, story_ids
 from .generation import decode_step, prefill
 from .kv_cache import run_with_cache, run_without_cache
 from .runtime import describe_device, synchronize, time_it
-
-STORY = "Write a short story about a robot who learns to paint."
-
-
-def story_ids(tokenizer) -> list[int]:
-    """The course's long-answer prompt, through the chat template."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": STORY}], add_generation_prompt=True,
-                                         return_dict=True)["input_ids"]
-
-
-def filler_ids(tokenizer, n: int) -> list[int]:
-    """n tokens of real text (the story prompt repeated), for length sweeps."""
-    base = tokenizer(" Once upon a time, a small robot found a box of paints in an empty studio.",
-                     add_special_tokens=False)["input_ids"]
-    return (base * (n // len(base) + 1))[:n]
-
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -72,28 +57,13 @@ def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 256, r
     return 2 * src.numel() * 4 / best
 
 
-def loop_vs_generate(model, prompt_ids: list[int], n_new: int, repeats: int = 3) -> dict:
-    """Tokens per second of the course loop and of model.generate, producing the same greedy tokens.
-    Both are warmed up, then timed alternately `repeats` times; the best time of each counts."""
-    ids = torch.tensor([prompt_ids], device=model.device)
-    kwargs = dict(max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False)
-
-    def theirs():
-        with torch.inference_mode():
-            return model.generate(ids, **kwargs)
-
-    run_with_cache(model, prompt_ids, 2)
-    theirs()
-    ours_best, their_best, ours, out = float("inf"), float("inf"), None, None
-    for _ in range(repeats):
-        ours = run_with_cache(model, prompt_ids, n_new)
-        ours_best = min(ours_best, ours.total)
-        their = time_it(theirs, model.device, repeats=1, warmup=0)
-        their_best = min(their_best, their.best)
-    out = theirs()
-    same = out[0, len(prompt_ids):].tolist() == ours.token_ids
-    return {"tokens": n_new, "same_tokens": same, "loop_tokens_per_s": n_new / ours_best,
-            "generate_tokens_per_s": n_new / their_best, "ratio": their_best / ours_best}
+def loop_vs_generate(model, tokenizer, prompt_ids: list[int], n_new: int, repeats: int = 3) -> dict:
+    """Tokens per second of generation.generate (the loop learners call) and of model.generate, both making
+    exactly n_new greedy tokens. Warmed up, timed alternately, best of `repeats`."""
+    from .engine_speed import race
+    r = race(model, model, tokenizer, prompt_ids, n_new, repeats)
+    return {"tokens": n_new, "same_tokens": r["same_tokens"], "loop_tokens_per_s": r["tokens_per_s"],
+            "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"]}
 
 
 def cache_ratios(model, prompt_ids: list[int], lengths: list[int]) -> list[dict]:
@@ -111,104 +81,191 @@ def cache_ratios(model, prompt_ids: list[int], lengths: list[int]) -> list[dict]
     return rows
 
 
-def widget_redraw_ms(model, tokenizer) -> dict:
-    """Median redraw time of the sampling and attention explorers (Python side, no browser)."""
-    from .forward import forward_logits
-    from .widgets import AttentionExplorer, SamplingExplorer
-    logits = forward_logits(model, story_ids(tokenizer))[0, -1]
-    labels = {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()}
-    sampler = SamplingExplorer(logits, labels)
-    s_times = []
-    for t in [0.2, 0.5, 0.8, 1.1, 1.4, 1.7, 2.0]:
-        sampler.temperature.value = t
-        s_times.append(sampler.last_update_ms)
-    attention = AttentionExplorer(torch.rand(30, 9, 12, 12).tril(), [f"t{i}" for i in range(12)])
-    a_times = []
-    for layer in range(1, 8):
-        attention.layer.value = layer
-        a_times.append(attention.last_update_ms)
-    return {"sampling_explorer_ms": sorted(s_times)[len(s_times) // 2],
-            "attention_explorer_ms": sorted(a_times)[len(a_times) // 2]}
+def engine_section(model, tokenizer, quick: bool = False) -> dict:
+    """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
+    from .engine_speed import long_context, race
+    from .model import Model
+    ours = Model.from_transformers(model, dtype=torch.float32)
+    library = model if model.dtype == torch.float32 else model.float()
+    r = race(ours, library, tokenizer, story_ids(tokenizer), 8 if quick else 128, repeats=2 if quick else 3)
+    long = long_context(ours, library, tokenizer, filler_ids(tokenizer, 256 if quick else 4000), k=4 if quick else 16)
+    weights = ours.weight_bytes()
+    return {"new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
+            "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
+            "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
+            "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],
+            "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"]}
 
 
-def run(model, tokenizer, quick: bool = False, progress=print) -> dict:
-    """Every measurement of the benchmark command, in one run on one device. quick: tiny sizes (for tests)."""
-    from .loading import _load, weights_cache_dir
-    prompt = story_ids(tokenizer)
-    result = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
-              "machine": describe_device(model.device), "dtype": str(model.dtype).split(".")[-1], "quick": quick}
-    progress("loading time (cached weights)")
-    start = time.perf_counter()
-    _load.__wrapped__(str(weights_cache_dir()), (("local_files_only", True),), str(model.device),
-                      result["dtype"], "sdpa")
-    result["load_seconds"] = time.perf_counter() - start
-    progress("course loop against model.generate")
-    result["loop_vs_generate"] = loop_vs_generate(model, prompt, 8 if quick else 128)
-    progress("with and without the KV cache")
-    result["cache"] = cache_ratios(model, prompt, [4, 8] if quick else [32, 128, 256])
-    progress("prefill against prompt length")
-    lengths = [16, 64] if quick else [16, 64, 256, 1024]
-    seconds = prefill_seconds(model, tokenizer, lengths)
-    result["prefill"] = [{"tokens": n, "seconds": s, "tokens_per_s": n / s} for n, s in zip(lengths, seconds)]
-    progress("decode against context length, and memory bandwidth")
+def _load_section(model, tokenizer, quick):
+    from .loading import time_cached_load
+    return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
+
+
+def _decode_section(model, tokenizer, quick):
     contexts = [16, 256] if quick else [16, 256, 1024, 4096]
     step = decode_seconds(model, tokenizer, contexts)
-    result["decode"] = [{"context": c, "seconds_per_token": s} for c, s in zip(contexts, step)]
     bandwidth = memory_bandwidth(model.device, 64 if quick else 512)
     achieved = weight_bytes(model) / step[0]
-    result["bandwidth"] = {"weight_bytes": weight_bytes(model), "measured_copy_bytes_per_s": bandwidth,
-                           "decode_achieved_bytes_per_s": achieved, "utilisation": achieved / bandwidth}
-    progress("widget redraws")
-    result["widgets"] = widget_redraw_ms(model, tokenizer)
+    return {"decode": [{"context": c, "seconds_per_token": s} for c, s in zip(contexts, step)],
+            "bandwidth": {"weight_bytes": weight_bytes(model), "measured_copy_bytes_per_s": bandwidth,
+                          "decode_achieved_bytes_per_s": achieved, "utilisation": achieved / bandwidth}}
+
+
+def _prefill_section(model, tokenizer, quick):
+    lengths = [16, 64] if quick else [16, 64, 256, 1024]
+    seconds = prefill_seconds(model, tokenizer, lengths)
+    return {"prefill": [{"tokens": n, "seconds": s, "tokens_per_s": n / s} for n, s in zip(lengths, seconds)]}
+
+
+def detokenize_ms_per_token(tokenizer, n: int, last: int = 100) -> float:
+    """Milliseconds per token of the streaming detokenizer plus a stop-string check, over the last `last` of
+    n tokens of real text (constant per token if the decoder only decodes a short window)."""
+    from .generation import Stopper
+    ids = filler_ids(tokenizer, n)
+    stopper = Stopper(tokenizer, set(), n + 1, n + 1, stop_strings=["THE END"])
+    for token in ids[:-last]:
+        stopper.update(token)
+    start = time.perf_counter()
+    for token in ids[-last:]:
+        stopper.update(token)
+    return 1000 * (time.perf_counter() - start) / last
+
+
+def _widgets_section(model, tokenizer):
+    from .forward import forward_logits
+    from .widgets import redraw_ms  # note: the only way the bench reaches widget code, and only in this section
+    logits = forward_logits(model, story_ids(tokenizer))[0, -1].cpu()
+    return redraw_ms(logits, {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()})
+
+
+# Each section returns a dict merged into the result; its keys are the JSON keys the issues name.
+SECTIONS = {
+    "load": ("cached model load", _load_section),
+    "loop_vs_generate": ("generation.generate against model.generate", lambda m, t, q: {
+        "loop_vs_generate": loop_vs_generate(m, t, story_ids(t), 8 if q else 128)}),
+    "cache": ("with and without the KV cache", lambda m, t, q: {
+        "cache": cache_ratios(m, story_ids(t), [4, 8] if q else [32, 128, 256])}),
+    "prefill": ("prefill against prompt length", _prefill_section),
+    "decode": ("decode against context length, and memory bandwidth", _decode_section),
+    "widgets": ("widget redraws", lambda m, t, q: {"widgets": _widgets_section(m, t)}),
+    "detokenize": ("streaming detokenizer cost per token", lambda m, t, q: {"detokenize": {
+        "ms_per_token_at_100": detokenize_ms_per_token(t, 100),
+        "ms_per_token_at_8000": detokenize_ms_per_token(t, 1000 if q else 8000)}}),
+    "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
+}
+
+
+def parse_only(only: str | None) -> list[str]:
+    """'engine,cache' -> ['engine', 'cache']; None -> every section. Unknown names are an error that lists them all."""
+    if not only:
+        return list(SECTIONS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown or not names:
+        raise ValueError(f"unknown bench section(s) {unknown or only!r}: choose from {', '.join(SECTIONS)}")
+    return names
+
+
+def run(model, tokenizer, quick: bool = False, only: str | None = None, progress: bool | None = None) -> dict:
+    """The benchmark's sections (all, or those named in `only`), in one run on one device.
+    quick: tiny sizes (for tests). progress: a bar over sections (default: only when stderr is a terminal)."""
+    import sys
+    from tqdm.auto import tqdm
+    names = parse_only(only)
+    result = {"when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+              "machine": describe_device(model.device), "dtype": str(model.dtype).split(".")[-1], "quick": quick,
+              "threads": torch.get_num_threads(), "sections": names}
+    show = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(names, desc="bench", disable=not show, unit="section")
+    for name in bar:
+        label, fn = SECTIONS[name]
+        bar.set_postfix_str(label)
+        if not show and progress is None:
+            print(f"measuring: {label}", flush=True)
+        result.update(fn(model, tokenizer, quick))
     return result
 
 
 def targets(result: dict) -> list[tuple[str, str, bool]]:
-    """The course's speed targets, as (what, measured, met)."""
-    lvg = result["loop_vs_generate"]
-    cache_256 = next((r for r in result["cache"] if r["new_tokens"] == 256), result["cache"][-1])
-    widgets = result["widgets"]
-    return [
-        ("course loop at least as fast as model.generate", f"{lvg['ratio']:.2f}x (same tokens: {lvg['same_tokens']})",
-         lvg["ratio"] >= 1.0 and lvg["same_tokens"]),
-        (f"cache at least 5x faster than no cache at {cache_256['new_tokens']} new tokens",
-         f"{cache_256['ratio']:.1f}x", cache_256["ratio"] >= 5.0),
-        ("cached model load about a second", f"{result['load_seconds']:.2f} s", result["load_seconds"] < 2.0),
-        ("sampling explorer redraw well under 100 ms", f"{widgets['sampling_explorer_ms']:.1f} ms",
-         widgets["sampling_explorer_ms"] < 100),
-        ("attention explorer redraw well under 100 ms", f"{widgets['attention_explorer_ms']:.1f} ms",
-         widgets["attention_explorer_ms"] < 100),
-    ]
+    """The course's speed targets for the sections that ran, as (what, measured, met)."""
+    out = []
+    if "loop_vs_generate" in result:
+        lvg = result["loop_vs_generate"]
+        out.append(("generation.generate at least as fast as model.generate",
+                    f"{lvg['ratio']:.2f}x (same tokens: {lvg['same_tokens']})", lvg["ratio"] >= 1.0 and lvg["same_tokens"]))
+    if "cache" in result:
+        cache_256 = next((r for r in result["cache"] if r["new_tokens"] == 256), result["cache"][-1])
+        out.append((f"cache at least 5x faster than no cache at {cache_256['new_tokens']} new tokens",
+                    f"{cache_256['ratio']:.1f}x", cache_256["ratio"] >= 5.0))
+    if "load_seconds" in result:
+        out.append(("cached model load about a second", f"{result['load_seconds']:.2f} s", result["load_seconds"] < 2.0))
+    if "widgets" in result:
+        w = result["widgets"]
+        out.append(("sampling explorer redraw well under 100 ms", f"{w['sampling_explorer_ms']:.1f} ms",
+                    w["sampling_explorer_ms"] < 100))
+        out.append(("attention explorer redraw well under 100 ms", f"{w['attention_explorer_ms']:.1f} ms",
+                    w["attention_explorer_ms"] < 100))
+    if "detokenize" in result:
+        d = result["detokenize"]
+        long_key = "ms_per_token_at_8000"
+        out.append(("detokenizer: a token costs the same at 8,000 tokens as at 100 (within 2x)",
+                    f"{d['ms_per_token_at_100']:.3f} vs {d[long_key]:.3f} ms", d[long_key] < 2 * d["ms_per_token_at_100"]))
+    if "engine" in result:
+        e = result["engine"]
+        out.append(("engine: same tokens as model.generate, at least as fast",
+                    f"{e['ratio']:.2f}x (same tokens: {e['same_tokens']})", e["ratio"] >= 1.0 and e["same_tokens"]))
+        out.append((f"engine: at least 1.3x faster decode after {e['long_context_tokens']} tokens",
+                    f"{e['long_context_ratio']:.2f}x", e["long_context_ratio"] >= 1.3))
+    return out
 
 
 def format_report(result: dict) -> str:
     m = result["machine"]
-    lines = [f"benchmark on {m['name']} ({m['device']}, {result['dtype']}), {result['when']}", ""]
-    lvg = result["loop_vs_generate"]
-    lines.append(f"course loop {lvg['loop_tokens_per_s']:.1f} tok/s | model.generate {lvg['generate_tokens_per_s']:.1f} tok/s")
-    for r in result["cache"]:
+    lines = [f"benchmark on {m['name']} ({m['device']}, {result['dtype']}, {result.get('threads', '?')} threads), "
+             f"{result['when']}", ""]
+    if "loop_vs_generate" in result:
+        lvg = result["loop_vs_generate"]
+        lines.append(f"generation.generate {lvg['loop_tokens_per_s']:.1f} tok/s | model.generate "
+                     f"{lvg['generate_tokens_per_s']:.1f} tok/s")
+    for r in result.get("cache", []):
         lines.append(f"{r['new_tokens']:>4} new tokens: cache {r['cached_s']:.2f} s, no cache {r['uncached_s']:.2f} s "
                      f"-> {r['ratio']:.1f}x; positions {r['positions_cached']} vs {r['positions_uncached']}")
-    lines.append("prefill: " + ", ".join(f"{p['tokens']} tok {p['tokens_per_s']:.0f} tok/s" for p in result["prefill"]))
-    lines.append("decode:  " + ", ".join(f"ctx {d['context']} {d['seconds_per_token'] * 1000:.1f} ms/tok"
-                                         for d in result["decode"]))
-    bw = result["bandwidth"]
-    lines.append(f"bandwidth: copy {bw['measured_copy_bytes_per_s'] / 1e9:.1f} GB/s, decode reads weights at "
-                 f"{bw['decode_achieved_bytes_per_s'] / 1e9:.1f} GB/s -> utilisation {bw['utilisation']:.0%}")
-    lines += ["", f"{'target':<52} {'measured':<28} met"]
-    lines += [f"{what:<52} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
+    if "prefill" in result:
+        lines.append("prefill: " + ", ".join(f"{p['tokens']} tok {p['tokens_per_s']:.0f} tok/s" for p in result["prefill"]))
+    if "decode" in result:
+        lines.append("decode:  " + ", ".join(f"ctx {d['context']} {d['seconds_per_token'] * 1000:.1f} ms/tok"
+                                             for d in result["decode"]))
+        bw = result["bandwidth"]
+        lines.append(f"bandwidth: copy {bw['measured_copy_bytes_per_s'] / 1e9:.1f} GB/s, decode reads weights at "
+                     f"{bw['decode_achieved_bytes_per_s'] / 1e9:.1f} GB/s -> utilisation {bw['utilisation']:.0%}")
+    if "engine" in result:
+        e = result["engine"]
+        lines.append(f"engine: ours {e['tokens_per_s']:.1f} tok/s vs model.generate {e['generate_tokens_per_s']:.1f} "
+                     f"({e['ratio']:.2f}x), reading weights at {e['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; after "
+                     f"{e['long_context_tokens']} tokens {e['long_context_ms_per_token']:.1f} vs "
+                     f"{e['long_context_generate_ms_per_token']:.1f} ms/token ({e['long_context_ratio']:.2f}x)")
+    lines += ["", f"{'target':<60} {'measured':<28} met"]
+    lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)
 
 
-def save(result: dict, folder: Path) -> tuple[Path, Path]:
-    """Write result JSON and a PNG figure (prefill and decode curves) into folder."""
-    import matplotlib
-    matplotlib.use("Agg")
-    from . import plots_perf
+def save(result: dict, folder: Path) -> list[Path]:
+    """Write the result JSON, and a PNG of the prefill and decode curves when those sections ran, into folder.
+    The figure is drawn on its own canvas: the caller's matplotlib backend is left alone."""
     folder.mkdir(parents=True, exist_ok=True)
     name = f"bench-{result['machine']['device'].split(':')[0]}-{result['when'][:10]}"
-    json_path, png_path = folder / f"{name}.json", folder / f"{name}.png"
+    if result["sections"] != list(SECTIONS):
+        name += "-" + "-".join(result["sections"])
+    json_path = folder / f"{name}.json"
     json_path.write_text(json.dumps(result, indent=2))
-    fig = plots_perf.plot_benchmark(result)
-    fig.savefig(png_path, dpi=110)
-    return json_path, png_path
+    paths = [json_path]
+    if "prefill" in result and "decode" in result:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from . import plots_perf
+        fig = plots_perf.plot_benchmark(result)
+        FigureCanvasAgg(fig).print_png(str(folder / f"{name}.png"))
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+        paths.append(folder / f"{name}.png")
+    return paths

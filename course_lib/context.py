@@ -45,6 +45,28 @@ def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list
                                          return_dict=True)["input_ids"]
 
 
+def chat_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
+    """The prompt IDs of one question, with an optional system prompt, through the chat template.
+    Example: chat_ids(tokenizer, "What is the capital of France?", system="You are a helpful assistant.")"""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return context_ids(tokenizer, messages)
+
+
+STORY = "Write a short story about a robot who learns to paint."
+
+
+def story_ids(tokenizer) -> list[int]:
+    """The course's long-answer prompt (a short story), through the chat template."""
+    return chat_ids(tokenizer, STORY)
+
+
+def filler_ids(tokenizer, n: int) -> list[int]:
+    """n tokens of real text (a story sentence repeated), for length sweeps."""
+    base = tokenizer(" Once upon a time, a small robot found a box of paints in an empty studio.",
+                     add_special_tokens=False)["input_ids"]
+    return (base * (n // len(base) + 1))[:n]
+
+
 @dataclass(frozen=True)
 class Segment:
     label: str  # "system", "user", "assistant", "default system prompt" or "generation prompt"
@@ -94,6 +116,8 @@ class Budget:
 
 def budget_report(tokenizer, messages, budget: int) -> Budget:
     """How many tokens each part uses and how many remain of a budget."""
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ValueError(f"budget must be a positive number of tokens, got {budget!r}")
     segs = segments(tokenizer, messages)
     parts = [(s.label, len(s.ids)) for s in segs]
     return Budget(sum(n for _, n in parts), budget, parts)
@@ -113,7 +137,7 @@ def fit_to_budget(tokenizer, messages, budget: int, strategy: str = "drop_oldest
     messages = validate_messages(messages)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; use one of {STRATEGIES}")
-    if not isinstance(budget, int) or budget < 1:
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
         raise ValueError(f"budget must be a positive number of tokens, got {budget!r}")
     count = lambda keep: len(context_ids(tokenizer, [messages[i] for i in keep]))  # noqa: E731
     keep = list(range(len(messages)))

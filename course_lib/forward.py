@@ -1,8 +1,10 @@
 """One forward pass: token IDs in, next-token logits and probabilities out.
 
-What it does: runs the model on a prompt without gradients, turns logits into probabilities,
-and reports the top candidates for the next token as plain data.
-What it does not do: sample (sampling.py) or loop over new tokens (generation.py).
+What it does: runs the model on a prompt without gradients (through generation.run_model, the one
+inference call), turns logits into probabilities, and reports the top candidates for the next token
+as plain data.
+What it does not do: sample (sampling.py, whose `logits_to_probs` is the whole filter chain), loop
+over new tokens (generation.py), or look inside the layers (anatomy.py).
 """
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ import torch
 
 def as_batch(input_ids) -> torch.Tensor:
     """A list of IDs or a (T,) / (B, T) tensor as a (B, T) long tensor. Example: [5, 6] -> tensor([[5, 6]])"""
+    if isinstance(input_ids, (str, bytes)):
+        raise TypeError("the prompt is text, not token IDs: tokenize it first, for example "
+                        "context.context_ids(tokenizer, messages) or tokenizer(text)['input_ids']")
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     if ids.dim() == 1:
         ids = ids.unsqueeze(0)
@@ -23,14 +28,15 @@ def as_batch(input_ids) -> torch.Tensor:
 
 @torch.inference_mode()
 def forward_logits(model, input_ids) -> torch.Tensor:
-    """Logits for every position of the prompt in one pass (prefill). Returns (B, T, V) float32 on CPU."""
+    """Logits for every position of the prompt in one pass, no cache. Returns (B, T, V) float32 on the model's device."""
+    from .generation import run_model
     ids = as_batch(input_ids).to(model.device)  # (B, T)
-    logits = model(input_ids=ids).logits  # (B, T, V)
-    return logits.float().cpu()
+    logits, _ = run_model(model, ids, None, keep=0)  # (B, T, V)
+    return logits
 
 
-def logits_to_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax over the vocabulary (last dimension), in float32. Example: [0., 0.] -> [0.5, 0.5]"""
+def probabilities(logits: torch.Tensor) -> torch.Tensor:
+    """Softmax over the vocabulary (last dimension), in float32, no filter. Example: [0., 0.] -> [0.5, 0.5]"""
     return torch.softmax(logits.float(), dim=-1)
 
 
@@ -53,97 +59,3 @@ def top_candidates(tokenizer, probs: torch.Tensor, k: int = 10) -> list[Candidat
     values, ids = torch.topk(probs, k)
     return [Candidate(r + 1, int(i), tokenizer.decode([int(i)]), float(v))
             for r, (v, i) in enumerate(zip(values, ids))]
-
-
-# ----- the architecture as data -----
-
-def parameter_map(model) -> list[tuple[str, int]]:
-    """Parameter count per part of a llama-style model, in forward order; tied weights counted once."""
-    inner, cfg = model.model, model.config
-    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
-    block = inner.layers[0]
-    parts = [("embedding", count(inner.embed_tokens)),
-             (f"attention x{cfg.num_hidden_layers}", count(block.self_attn) * cfg.num_hidden_layers),
-             (f"feed-forward x{cfg.num_hidden_layers}", count(block.mlp) * cfg.num_hidden_layers),
-             (f"norms x{2 * cfg.num_hidden_layers + 1}", (count(block.input_layernorm) + count(block.post_attention_layernorm))
-              * cfg.num_hidden_layers + count(inner.norm))]
-    tied = model.lm_head.weight.data_ptr() == inner.embed_tokens.weight.data_ptr()
-    parts.append(("output head (tied to embedding)" if tied else "output head", 0 if tied else count(model.lm_head)))
-    return parts
-
-
-BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "4-bit": 0.5}
-
-
-def memory_by_dtype(n_params: int) -> dict[str, float]:
-    """Bytes the weights take in each format. Example: 1e6 params -> {"float32": 4e6, ...}"""
-    return {name: n_params * b for name, b in BYTES_PER_PARAM.items()}
-
-
-@torch.inference_mode()
-def capture_shapes(model, input_ids) -> list[tuple[str, tuple]]:
-    """Shape of the output of each stage (embedding, first block's parts, every block, norm, head) via hooks."""
-    inner, records, handles = model.model, [], []
-    stages = [("embedding", inner.embed_tokens), ("block 0: input norm", inner.layers[0].input_layernorm),
-              ("block 0: q projection", inner.layers[0].self_attn.q_proj),
-              ("block 0: k projection", inner.layers[0].self_attn.k_proj),
-              ("block 0: attention out", inner.layers[0].self_attn.o_proj),
-              ("block 0: feed-forward up", inner.layers[0].mlp.up_proj), ("block 0: feed-forward out", inner.layers[0].mlp)]
-    stages += [(f"block {i}", layer) for i, layer in enumerate(inner.layers)]
-    stages += [("final norm", inner.norm), ("output head (logits)", model.lm_head)]
-    for name, module in stages:
-        hook = lambda mod, args, out, name=name: records.append((name, tuple((out[0] if isinstance(out, tuple) else out).shape)))  # noqa: E731
-        handles.append(module.register_forward_hook(hook))
-    try:
-        model(input_ids=as_batch(input_ids).to(model.device))
-    finally:
-        for h in handles:
-            h.remove()
-    order = {name: i for i, (name, _) in enumerate(stages)}
-    return sorted(records, key=lambda r: order[r[0]])
-
-
-@torch.inference_mode()
-def layer_outputs(model, input_ids) -> torch.Tensor:
-    """The residual stream after the embedding and after each block, before the final norm. (L+1, T, hidden)"""
-    inner, outs = model.model, []
-    handles = [layer.register_forward_hook(lambda m, a, out: outs.append(out[0] if isinstance(out, tuple) else out))
-               for layer in inner.layers]
-    try:
-        ids = as_batch(input_ids).to(model.device)
-        model(input_ids=ids)
-    finally:
-        for h in handles:
-            h.remove()
-    embedded = inner.embed_tokens(ids)
-    return torch.stack([embedded[0]] + [o[0] for o in outs]).float().cpu()  # (L+1, T, hidden)
-
-
-@torch.inference_mode()
-def logit_lens(model, input_ids, k: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """What the model would predict after each layer: final norm + output head on every layer's output.
-    Returns (top token IDs (L+1, T, k), their probabilities (L+1, T, k)); the last row is the real prediction."""
-    hidden = layer_outputs(model, input_ids).to(model.device, model.dtype)  # (L+1, T, hidden)
-    probs = torch.softmax(model.lm_head(model.model.norm(hidden)).float(), dim=-1)  # (L+1, T, V)
-    values, ids = torch.topk(probs, k, dim=-1)
-    return ids.cpu(), values.cpu()
-
-
-@torch.inference_mode()
-def block_by_hand(layer, x: torch.Tensor, config) -> torch.Tensor:
-    """One decoder block from its own weights: x + attention(norm(x)), then + SwiGLU feed-forward(norm(.)).
-    x: (T, hidden) entering the block. Returns (T, hidden) leaving it."""
-    from .attention import attention_by_hand, rms_norm
-    home = x.device
-    x = x.to(layer.mlp.up_proj.weight.device, layer.mlp.up_proj.weight.dtype)
-    attn_out, _ = attention_by_hand(layer, x, config)
-    x = x + attn_out  # residual connection around attention
-    h = rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
-    mlp = layer.mlp
-    gated = torch.nn.functional.silu(mlp.gate_proj(h)) * mlp.up_proj(h)  # (T, intermediate): SwiGLU
-    return (x + mlp.down_proj(gated)).float().to(home)  # residual connection around the feed-forward
-
-
-def flops_per_token(n_params: int, n_embedding: int) -> float:
-    """About 2 floating-point operations (a multiply and an add) per weight used; the embedding is a lookup."""
-    return 2.0 * (n_params - n_embedding)

@@ -1,23 +1,40 @@
-"""The autoregressive loop, written out: prefill -> decode_step -> ... -> a stop condition.
+"""The autoregressive loop, written out: prefill -> pick -> decode_step -> pick -> ... -> a stop condition.
 
-What it does: `prefill` runs the whole prompt once and fills the KV cache; `decode_step` feeds one
-new token and reuses the cache; `generate` repeats pick-append until an end-of-turn token, a
-maximum number of new tokens, a stop string, or the context window ends it, and says which one fired.
-Every step is recorded (token, its probability, time) so lessons can show the loop as a table.
-`stream` yields text as it is produced, through an incremental decoder that never emits half a
-character. What it does not do: choose tokens other than by the `pick` function you pass (greedy by
-default; sampling.py has the samplers) or batch several prompts (batching.py).
+What it does: `prefill` runs the prompt(s) once and fills a KV cache; `decode_step` feeds one new token
+per row and reuses the cache. Both take one row or many (left-padded, with an attention mask and
+position IDs), for the library's model or the course's own (`model.Model`): they meet one contract,
+the transformers call `model(input_ids=, attention_mask=, position_ids=, cache=, logits_to_keep=)`
+returning `.logits` and `.cache`. `run_model` is the ONE place inference calls a model. Other calls
+in course_lib: the deliberate no-cache run of lesson 07 (kv_cache.py) and the anatomy views that look
+inside one forward pass with hooks (anatomy.py twice, attention.py, model.library_parts): 5 in all
+besides this one; tests/test_model.py counts them.
+`generate` repeats pick-append until a stop condition fires and says which (`STOP_REASONS`, mapped to
+OpenAI's finish_reason by `FINISH_REASON`); `Stopper` decides that for the loop and for the batch
+schedulers alike. `stream` yields text as it is produced through an incremental decoder that never
+emits half a character, and keeps the GenerationResult for after the last piece.
+What it does not do: choose tokens other than by the `pick` you pass (greedy by default; sampling.py
+has the samplers) or schedule many requests (batching.py).
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import torch
 
 from .forward import as_batch
+from .kv_cache import new_cache
 from .runtime import synchronize
+from .sampling import greedy
+
+Pick = Callable[[torch.Tensor], "tuple[int, float]"]  # (V,) logits -> (token ID, its probability)
+
+# The one stop vocabulary, and how each reason is reported to an OpenAI client.
+STOP_REASONS = ("end_of_turn", "stop_string", "max_new_tokens", "context_window", "cancelled")
+FINISH_REASON = {"end_of_turn": "stop", "stop_string": "stop", "max_new_tokens": "length",
+                 "context_window": "length", "cancelled": "stop"}
 
 
 @dataclass
@@ -35,8 +52,13 @@ class GenerationResult:
     prompt_ids: list[int]
     token_ids: list[int]  # new tokens only, the stop token included if one fired
     text: str  # decoded new tokens, special tokens removed
-    stop_reason: str  # "end_of_turn", "max_new_tokens", "stop_string" or "context_window"
+    stop_reason: str  # one of STOP_REASONS
     steps: list[Step] = field(default_factory=list)
+
+    @property
+    def finish_reason(self) -> str:
+        """The stop reason in OpenAI's words ("stop" or "length")."""
+        return FINISH_REASON[self.stop_reason]
 
     @property
     def time_to_first_token(self) -> float:
@@ -51,42 +73,74 @@ class GenerationResult:
 
 def end_of_turn_ids(model, tokenizer) -> set[int]:
     """Token IDs that end an answer: the generation config's eos_token_id(s) and the tokenizer's."""
-    ids = model.generation_config.eos_token_id
+    config = getattr(model, "generation_config", None)
+    ids = getattr(config, "eos_token_id", None)
     ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids
 
 
-def greedy(logits: torch.Tensor) -> int:
-    """The most probable token. Example: greedy(tensor([0.1, 2.0, 0.3])) -> 1"""
-    return int(torch.argmax(logits))
-
-
 @torch.inference_mode()
-def prefill(model, input_ids, cache=None):
-    """Run the prompt in one pass. Returns (logits of the last position (B, V), filled KV cache)."""
-    from transformers import DynamicCache
+def run_model(model, ids: torch.Tensor, cache, attention_mask=None, position_ids=None, keep: int = 1):
+    """THE call into a model for inference. ids (B, T) on the model's device; cache None = no cache (one
+    plain forward pass). keep: how many last positions get logits (0 = all). Returns (logits (B, keep, V) in
+    float32 on the model's device, the cache)."""
+    device = ids.device
+    mask = attention_mask.to(device) if attention_mask is not None else None
+    positions = position_ids.to(device) if position_ids is not None else None
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
+                logits_to_keep=keep)
+    return out.logits[:, out.logits.shape[1] - (keep or out.logits.shape[1]):, :].float(), cache  # (B, keep, V)
 
+
+def prefill(model, input_ids, cache=None, *, attention_mask=None, position_ids=None, capacity: int | None = None):
+    """Run the prompt(s) in one pass. One row: prefill(model, ids). Many rows: left-padded (B, T) with
+    attention_mask and position_ids (batching.left_pad makes them). capacity: tokens the new cache should
+    hold (our model preallocates; transformers' grows). Returns (last-position logits (B, V), the cache)."""
     ids = as_batch(input_ids).to(model.device)  # (B, T)
-    cache = cache if cache is not None else DynamicCache(config=model.config)
-    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :].float(), out.cache  # (B, V)
+    if cache is None:
+        cache = new_cache(model, ids.shape[0], capacity or ids.shape[1] + 64)
+    logits, cache = run_model(model, ids, cache, attention_mask, position_ids)
+    return logits[:, -1], cache  # (B, V)
 
 
-@torch.inference_mode()
-def decode_step(model, token_ids, cache):
-    """Feed one new token per row, reusing the cache. token_ids: (B,) or (B, 1). Returns ((B, V) logits, cache)."""
+def decode_step(model, token_ids, cache, *, attention_mask=None, positions=None):
+    """Feed one new token per row, reusing the cache. token_ids: (B,) or (B, 1); attention_mask (B, S) covers
+    the cache and the new token; positions (B,). Returns ((B, V) logits, cache)."""
     ids = torch.as_tensor(token_ids, dtype=torch.long, device=model.device).reshape(-1, 1)  # (B, 1)
-    out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1, :].float(), out.cache  # (B, V)
+    position_ids = positions.reshape(-1, 1) if positions is not None else None  # (B, 1)
+    logits, cache = run_model(model, ids, cache, attention_mask, position_ids)
+    return logits[:, -1], cache  # (B, V)
 
 
 def check_request(model, prompt_ids, max_new_tokens: int) -> list[int]:
-    """Validate a generation request; returns the prompt as a flat list of IDs."""
-    ids = [int(i) for i in (prompt_ids.flatten().tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
+    """Validate a one-prompt generation request; returns the prompt as a flat list of IDs.
+    Accepts a list of ints, a (T,) tensor or a (1, T) tensor."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise TypeError("the prompt is text, not token IDs: tokenize it first, for example "
+                        "context.context_ids(tokenizer, messages) or tokenizer(text)['input_ids']")
+    if torch.is_tensor(prompt_ids):
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] != 1:
+            raise ValueError(f"got a batch of {prompt_ids.shape[0]} prompts: generate() takes one; "
+                             "for several, use batching.generate_static or batching.run_schedule")
+        if prompt_ids.dim() > 2 or prompt_ids.is_floating_point():
+            raise ValueError(f"token IDs must be integers in a (T,) or (1, T) tensor, got {prompt_ids.dtype} "
+                             f"of shape {tuple(prompt_ids.shape)}")
+        ids = prompt_ids.flatten().tolist()
+    else:
+        if not isinstance(prompt_ids, Sequence) or any(isinstance(i, (list, tuple)) for i in prompt_ids):
+            raise ValueError("the prompt must be a flat list of token IDs (for several prompts, see batching)")
+        if any(isinstance(i, bool) or not isinstance(i, int) for i in prompt_ids):
+            raise ValueError("every token ID must be an int")
+        ids = list(prompt_ids)
     if not ids:
         raise ValueError("the prompt is empty: give at least one token to continue from")
+    vocab = model.config.vocab_size
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(f"token IDs {bad[:5]} are outside the vocabulary [0, {vocab}): "
+                         "were they made by this model's tokenizer?")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     window = model.config.max_position_embeddings
@@ -96,50 +150,127 @@ def check_request(model, prompt_ids, max_new_tokens: int) -> list[int]:
     return ids
 
 
-def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
-                   pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = ()
-                   ) -> Iterator[Step]:
+def check_stop_strings(stop_strings) -> tuple[str, ...]:
+    """A sequence of non-empty strings. Example: ("\\n\\n", "END") -> ("\\n\\n", "END"); "END" is refused."""
+    if isinstance(stop_strings, str):
+        raise TypeError(f"stop_strings must be a list or tuple of strings, not one string: "
+                        f"write stop_strings=[{stop_strings!r}] (a bare string would stop on each of its letters)")
+    if stop_strings is None:
+        return ()
+    try:
+        stops = tuple(stop_strings)
+    except TypeError:
+        raise TypeError(f"stop_strings must be a list or tuple of strings, got {stop_strings!r}") from None
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"every stop string must be a non-empty string, got {s!r}")
+    return stops
+
+
+class IncrementalDecoder:
+    """Turns token IDs into text pieces as they arrive, never emitting half a character, in constant time
+    per token. A byte-level tokenizer can split one character (an emoji, a CJK character, an accented
+    letter) across tokens; decoding such a token alone gives U+FFFD. As production detokenizers do, we keep
+    two offsets: we decode only a short window of recent tokens, hold text back while its tail is an
+    incomplete character, and the pieces always join to exactly the full decoded text."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix = 0  # tokens before this one are fully emitted and never decoded again
+        self.read = 0  # tokens before this one have had their text emitted
+        self.text = ""  # everything emitted so far
+
+    def _decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the new complete text (possibly "")."""
+        self.ids.append(int(token_id))
+        done = self._decode(self.ids[self.prefix:self.read])
+        window = self._decode(self.ids[self.prefix:])
+        if window.endswith("\ufffd") or len(window) < len(done):  # subtle: the last character is still missing bytes
+            return ""
+        piece = window[len(done):]
+        self.prefix, self.read = self.read, len(self.ids)
+        self.text += piece
+        return piece
+
+    def flush(self) -> str:
+        """Whatever is left at the end (an incomplete character is emitted as U+FFFD, like a full decode)."""
+        done = self._decode(self.ids[self.prefix:self.read])
+        piece = self._decode(self.ids[self.prefix:])[len(done):]
+        self.prefix = self.read = len(self.ids)
+        self.text += piece
+        return piece
+
+
+class Stopper:
+    """Decides, token by token, whether one request is finished and why (the loop and the schedulers share it).
+    Stop strings are looked for in the newly decoded tail only, so each token costs the same."""
+
+    def __init__(self, tokenizer, stop_ids, max_new_tokens: int, room: int, stop_strings=()):
+        self.stop_ids, self.max_new, self.room = frozenset(stop_ids), max_new_tokens, room
+        self.stop_strings = check_stop_strings(stop_strings)
+        self.longest = max((len(s) for s in self.stop_strings), default=0)
+        self.decoder = IncrementalDecoder(tokenizer) if self.stop_strings else None
+        self.count = 0
+
+    def update(self, token: int) -> str | None:
+        """Record one new token; return its stop reason, or None to go on."""
+        self.count += 1
+        if token in self.stop_ids:
+            return "end_of_turn"
+        if self.decoder is not None:
+            piece = self.decoder.push(token)
+            tail = self.decoder.text[-(self.longest + len(piece)):] if piece else ""
+            if piece and any(s in tail for s in self.stop_strings):
+                return "stop_string"
+        if self.count >= self.room:
+            return "context_window"
+        if self.count >= self.max_new:
+            return "max_new_tokens"
+        return None
+
+
+def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
+                   stop_strings: Sequence[str] = (), stop_ids=None) -> Iterator[Step]:
     """The loop as a generator: prefill once, then yield each chosen token as a Step, then
     decode_step it, until a stop condition fires. The GenerationResult is the generator's return value
-    (generate() and stream() collect it for you)."""
+    (generate() and stream() collect it for you). stop_ids: None = the model's end-of-turn tokens;
+    () = none, so exactly max_new_tokens are made (what model.generate's min_new_tokens does)."""
     ids = check_request(model, prompt_ids, max_new_tokens)
-    stop_ids = end_of_turn_ids(model, tokenizer)
     window = model.config.max_position_embeddings
+    stop_ids = end_of_turn_ids(model, tokenizer) if stop_ids is None else stop_ids
+    stopper = Stopper(tokenizer, stop_ids, max_new_tokens, window - len(ids), stop_strings)
     device = model.device
     synchronize(device)
     start = time.perf_counter()
-    logits, cache = prefill(model, ids)
+    logits, cache = prefill(model, ids, capacity=min(window, len(ids) + max_new_tokens))
     result = GenerationResult(ids, [], "", "max_new_tokens")
-    for index in range(max_new_tokens):
-        row = logits[0]  # (V,)
-        token = pick(row)
-        prob = float(torch.softmax(row, dim=-1)[token])
+    while True:
+        token, prob = pick(logits[0])
         synchronize(device)
-        step = Step(index, token, tokenizer.decode([token]), prob, time.perf_counter() - start)
+        step = Step(len(result.token_ids), token, tokenizer.decode([token]), prob, time.perf_counter() - start)
         result.token_ids.append(token)
         result.steps.append(step)
         yield step
-        if token in stop_ids:
-            result.stop_reason = "end_of_turn"
+        reason = stopper.update(token)
+        if reason:
+            result.stop_reason = reason
             break
-        if stop_strings and any(s and s in tokenizer.decode(result.token_ids) for s in stop_strings):
-            result.stop_reason = "stop_string"
-            break
-        if len(ids) + len(result.token_ids) >= window:
-            result.stop_reason = "context_window"
-            break
-        if index + 1 < max_new_tokens:  # note: no forward pass for a token we will never use
-            logits, cache = decode_step(model, [token], cache)
+        logits, cache = decode_step(model, [token], cache)  # note: only for a token we will use
     result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     return result
 
 
-def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
-             pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = (),
-             on_step: Callable[[Step], None] | None = None) -> GenerationResult:
-    """The whole loop to the end. pick maps (V,) logits to a token ID (greedy by default);
-    on_step is called after every step (for live display)."""
-    steps = generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings)
+def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
+             stop_strings: Sequence[str] = (), on_step: Callable[[Step], None] | None = None,
+             stop_ids=None) -> GenerationResult:
+    """The whole loop to the end. pick maps (V,) logits to (token ID, probability) (greedy by default);
+    on_step is called after every step (for live display); stop_ids as in generate_steps."""
+    steps = generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings,
+                           stop_ids=stop_ids)
     while True:
         try:
             step = next(steps)
@@ -149,46 +280,39 @@ def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
             on_step(step)
 
 
-class IncrementalDecoder:
-    """Turns token IDs into text pieces as they arrive, never emitting half a character.
-    A byte-level tokenizer can split one character (an emoji, a CJK character, an accented letter)
-    across tokens; decoding such a token alone gives U+FFFD. We hold text back while the decoded tail
-    is incomplete, and the pieces always join to exactly the full decoded text."""
-
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
-        self.tokenizer, self.skip = tokenizer, skip_special_tokens
-        self.ids: list[int] = []
-        self.emitted = ""
-
-    def push(self, token_id: int) -> str:
-        """Add one token; return the new complete text (possibly "")."""
-        self.ids.append(int(token_id))
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith("\ufffd"):  # subtle: the last character is still missing bytes
-            return ""
-        piece, self.emitted = text[len(self.emitted):], text
-        return piece
-
-    def flush(self) -> str:
-        """Whatever is left at the end (an incomplete character is emitted as U+FFFD, like a full decode)."""
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        piece, self.emitted = text[len(self.emitted):], text
-        return piece
-
-
 def naive_pieces(tokenizer, token_ids) -> list[str]:
     """Each token decoded on its own: what a careless streamer sends (broken characters included)."""
     return [tokenizer.decode([t], skip_special_tokens=True) for t in token_ids]
 
 
-def stream(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
-           pick: Callable[[torch.Tensor], int] = greedy, stop_strings: tuple[str, ...] = ()) -> Iterator[str]:
-    """Yield the answer as text pieces while it is generated; "".join(pieces) == generate(...).text."""
-    decoder = IncrementalDecoder(tokenizer)
-    for step in generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings):
-        piece = decoder.push(step.token_id)
-        if piece:
-            yield piece
-    rest = decoder.flush()
-    if rest:
-        yield rest
+class Stream:
+    """Text pieces as they are generated; after the last one, `.result` holds the GenerationResult
+    (stop reason, steps, timings). "".join(pieces) == result.text."""
+
+    def __init__(self, steps: Iterator[Step], tokenizer):
+        self._steps, self._decoder = steps, IncrementalDecoder(tokenizer)
+        self.result: GenerationResult | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            try:
+                step = next(self._steps)
+            except StopIteration as done:
+                self.result = done.value
+                break
+            piece = self._decoder.push(step.token_id)
+            if piece:
+                yield piece
+        rest = self._decoder.flush()
+        if rest:
+            yield rest
+
+
+def stream(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
+           stop_strings: Sequence[str] = ()) -> Stream:
+    """The answer as text pieces while it is generated: `for piece in stream(...)`. The request is checked
+    at once (a bad one raises here, not at the first piece); keep the object to read `.result` at the end."""
+    check_request(model, prompt_ids, max_new_tokens)
+    check_stop_strings(stop_strings)
+    return Stream(generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick,
+                                 stop_strings=stop_strings), tokenizer)

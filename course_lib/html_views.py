@@ -16,10 +16,14 @@ def _visible(text: str) -> str:
     return html.escape(text.replace(" ", "␣").replace("\n", "↵").replace("\t", "→"))
 
 
-def token_chips(tokens, title: str = "") -> str:
-    """One coloured chip per token with its ID underneath; special tokens dark, byte fragments dashed."""
+MAX_CHIPS = 2000  # a pasted book stays responsive: at most this many chips, then a count of the rest
+
+
+def token_chips(tokens, title: str = "", limit: int = MAX_CHIPS) -> str:
+    """One coloured chip per token with its ID underneath; special tokens dark, byte fragments dashed.
+    At most `limit` chips are drawn, then a line "… N more tokens" (the title's count is the whole text's)."""
     chips = []
-    for n, tok in enumerate(tokens):
+    for n, tok in enumerate(tokens[:limit]):
         if tok.special:
             style = "background:#333;color:#fff"
         else:
@@ -30,6 +34,9 @@ def token_chips(tokens, title: str = "") -> str:
             f'margin:2px;padding:1px 4px;border-radius:4px;border:{border};{style};font-family:monospace">'
             f'<span style="white-space:pre">{_visible(tok.text) if tok.complete else html.escape(tok.text)}</span>'
             f'<span style="font-size:9px;opacity:.7">{tok.id}</span></span>')
+    if len(tokens) > limit:
+        chips.append(f'<div style="opacity:.7;font-style:italic">… {len(tokens) - limit:,} more tokens '
+                     f'(only the first {limit:,} are drawn)</div>')
     head = f'<div style="font-weight:bold;margin-top:6px">{_visible(title).replace("␣", " ")}</div>' if title else ""
     return f'{head}<div style="line-height:2.2">{"".join(chips)}</div>'
 
@@ -41,15 +48,22 @@ def compare(model_tokens, cl100k_tokens, model_name: str = "SmolLM2 tokenizer") 
 
 
 
-ROLE_COLOURS = {"system": "#E3D7F3", "default system prompt": "#F3E3D7", "user": "#C9E4F6",
-                "assistant": "#D5EFC8", "generation prompt": "#FFF1B8"}
+# The course's palette and its one role palette, shared by the HTML views and the matplotlib figures.
+PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+ROLE_COLOURS = {"system": PALETTE[4], "default system prompt": PALETTE[5], "user": PALETTE[0],
+                "assistant": PALETTE[2], "generation prompt": PALETTE[1]}
+
+
+def token_label(text: str) -> str:
+    """A token's text as plots and tables show it: escapes visible, spaces as ␣. Example: " Paris" -> "␣Paris" """
+    return repr(text)[1:-1].replace(" ", "␣")
 
 
 def context_view(segments) -> str:
     """The exact rendered context, each segment on the background colour of its role, with token counts."""
     blocks = []
     for seg in segments:
-        colour = ROLE_COLOURS.get(seg.label, "#eee")
+        colour = ROLE_COLOURS.get(seg.label, PALETTE[7]) + "40"  # note: the role colour at 25% opacity, so text stays readable
         text = html.escape(seg.text)
         for marker in ("&lt;|im_start|&gt;", "&lt;|im_end|&gt;"):  # special tokens stand out
             text = text.replace(marker, f'<b style="color:#C44E52">{marker}</b>')

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-PALETTE = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+from .html_views import PALETTE, ROLE_COLOURS, token_label
 
 
-def _axes(ax, size=(7, 3.5)):
+def axes_or_new(ax, size=(7, 3.5)):
+    """The Axes to draw on: the one given, or a new figure's."""
     if ax is None:
         _, ax = plt.subplots(figsize=size, layout="constrained")
     return ax
@@ -18,7 +19,7 @@ def _axes(ax, size=(7, 3.5)):
 
 def plot_step_times(labels: list[str], seconds: list[float], ax=None, title: str = "Where the time went"):
     """Horizontal bars, one per pipeline step, in milliseconds, with the value written on each bar."""
-    ax = _axes(ax, (7, 0.45 * len(labels) + 1))
+    ax = axes_or_new(ax, (7, 0.45 * len(labels) + 1))
     ms = [s * 1000 for s in seconds]
     bars = ax.barh(labels, ms, color=[PALETTE[i % len(PALETTE)] for i in range(len(labels))])
     ax.invert_yaxis()
@@ -32,8 +33,8 @@ def plot_step_times(labels: list[str], seconds: list[float], ax=None, title: str
 def plot_top_candidates(texts: list[str], probs: list[float], ax=None, highlight: str | None = None,
                         title: str = "Next-token probabilities"):
     """Bar chart of the top candidates; token text shown with visible spaces; `highlight` in a second colour."""
-    ax = _axes(ax)
-    shown = [repr(t)[1:-1].replace(" ", "␣") for t in texts]
+    ax = axes_or_new(ax)
+    shown = [token_label(t) for t in texts]
     colours = [PALETTE[1] if highlight is not None and t.strip() == highlight else PALETTE[0] for t in texts]
     bars = ax.bar(range(len(probs)), probs, color=colours)
     ax.set_xticks(range(len(probs)), shown, rotation=45, ha="right")
@@ -46,8 +47,8 @@ def plot_top_candidates(texts: list[str], probs: list[float], ax=None, highlight
 
 def plot_token_probs(texts: list[str], probs: list[float], ax=None, title: str = "Probability of each chosen token"):
     """One bar per generated token: how sure the model was when it picked it."""
-    ax = _axes(ax)
-    shown = [repr(t)[1:-1].replace(" ", "␣") for t in texts]
+    ax = axes_or_new(ax)
+    shown = [token_label(t) for t in texts]
     ax.bar(range(len(probs)), probs, color=PALETTE[2])
     ax.set_xticks(range(len(probs)), shown, rotation=45, ha="right")
     ax.set_ylim(0, 1.05)
@@ -58,7 +59,7 @@ def plot_token_probs(texts: list[str], probs: list[float], ax=None, title: str =
 
 def plot_length_histogram(lengths: dict[str, list[int]], ax=None, max_len: int = 16):
     """Histogram of vocabulary piece lengths in bytes, one series per tokenizer (share of each vocabulary)."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     bins = list(range(1, max_len + 2))
     for i, (name, values) in enumerate(lengths.items()):
         clipped = [min(v, max_len) for v in values]
@@ -73,7 +74,7 @@ def plot_length_histogram(lengths: dict[str, list[int]], ax=None, max_len: int =
 
 def plot_chars_per_token(names: list[str], model: list[float], cl100k: list[float], ax=None):
     """Grouped bars: characters per token for each text, both tokenizers (higher means cheaper)."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     xs = range(len(names))
     ax.bar([x - 0.2 for x in xs], model, width=0.4, label="SmolLM2", color=PALETTE[0])
     ax.bar([x + 0.2 for x in xs], cl100k, width=0.4, label="cl100k_base", color=PALETTE[1])
@@ -84,14 +85,10 @@ def plot_chars_per_token(names: list[str], model: list[float], cl100k: list[floa
     return ax
 
 
-ROLE_COLOURS = {"system": PALETTE[4], "default system prompt": PALETTE[5], "user": PALETTE[0],
-                "assistant": PALETTE[2], "generation prompt": PALETTE[1]}
-
-
 def plot_context_parts(parts: list[tuple[str, int]], budget: int | None = None, ax=None,
                        title: str = "Tokens per part of the context"):
     """One stacked horizontal bar: each part of the context in its role's colour; a budget line if given."""
-    ax = _axes(ax, (8, 1.8))
+    ax = axes_or_new(ax, (8, 1.8))
     left, seen = 0, set()
     for label, n in parts:
         ax.barh([0], [n], left=left, color=ROLE_COLOURS.get(label, PALETTE[7]), edgecolor="white",
@@ -114,7 +111,7 @@ def plot_context_parts(parts: list[tuple[str, int]], budget: int | None = None, 
 def plot_kept_messages(roles: list[str], kept: dict[str, list[int]], ax=None,
                        title: str = "Which messages each strategy keeps"):
     """Grid: one row per strategy, one column per message; filled = kept, pale = dropped."""
-    ax = _axes(ax, (8, 0.6 * len(kept) + 1.2))
+    ax = axes_or_new(ax, (8, 0.6 * len(kept) + 1.2))
     for row, (strategy, indices) in enumerate(kept.items()):
         for col, role in enumerate(roles):
             on = col in indices
@@ -134,9 +131,9 @@ def plot_kept_messages(roles: list[str], kept: dict[str, list[int]], ax=None,
 def plot_reshaped(labels: list[str], before: list[float], after: list[float], ax=None,
                   drawn: list[float] | None = None, title: str = "Before and after sampling settings"):
     """Static fallback of the sampling explorer: paired bars, kept set in colour, draws as orange dots."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     xs = range(len(labels))
-    shown = [repr(t)[1:-1].replace(" ", "␣") for t in labels]
+    shown = [token_label(t) for t in labels]
     ax.bar([x - 0.2 for x in xs], before, width=0.4, color="#bbb", label="before (T=1, no filter)")
     ax.bar([x + 0.2 for x in xs], after, width=0.4, color=[PALETTE[0] if a > 0 else "#eee" for a in after],
            label="after this setting")
@@ -151,7 +148,7 @@ def plot_reshaped(labels: list[str], before: list[float], after: list[float], ax
 
 def plot_token_timeline(at_seconds: list[float], ax=None, title: str = "When each token arrived"):
     """Arrival time of each new token: the first one waits for prefill (TTFT), the rest are decode steps."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ms = [a * 1000 for a in at_seconds]
     ax.plot(range(len(ms)), ms, "o-", color=PALETTE[0], markersize=3)
     if ms:
@@ -165,7 +162,7 @@ def plot_token_timeline(at_seconds: list[float], ax=None, title: str = "When eac
 
 def plot_gaps(gaps_seconds: list[float], ax=None, title: str = "Inter-token latency"):
     """Histogram of the gaps between consecutive tokens, in milliseconds."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ax.hist([g * 1000 for g in gaps_seconds], bins=30, color=PALETTE[2])
     ax.set_xlabel("ms between consecutive tokens")
     ax.set_ylabel("count")
@@ -175,7 +172,7 @@ def plot_gaps(gaps_seconds: list[float], ax=None, title: str = "Inter-token late
 
 def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line: bool = False, label=None):
     """A measured curve with markers; optionally a least-squares line through it."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ax.plot(xs, ys, "o-", markersize=4, label=label)
     if fit_line and len(xs) > 1:
         import numpy as np
@@ -188,20 +185,16 @@ def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line
     return ax
 
 
-def _token_labels(tokens: list[str]) -> list[str]:
-    return [repr(t)[1:-1].replace(" ", "␣") for t in tokens]
-
-
 def plot_attention(weights, tokens: list[str], ax=None, title: str = "Attention", colorbar: bool = True):
     """Heatmap of one head: rows = the token looking (query), columns = the token looked at (key).
     The grey upper triangle is the causal mask: a token cannot look ahead."""
     import numpy as np
-    ax = _axes(ax, (5.5, 5))
+    ax = axes_or_new(ax, (5.5, 5))
     w = np.array(weights, dtype=float)
     masked = np.ma.masked_where(np.triu(np.ones_like(w, dtype=bool), 1), w)
     image = ax.imshow(masked, cmap="Blues", vmin=0, vmax=1)
     ax.set_facecolor("#e8e8e8")  # masked cells (the future) show as grey background
-    labels = _token_labels(tokens)
+    labels = [token_label(t) for t in tokens]
     ax.set_xticks(range(len(tokens)), labels, rotation=90, fontsize=8)
     ax.set_yticks(range(len(tokens)), labels, fontsize=8)
     ax.set_xlabel("attended to (key)")
@@ -235,13 +228,13 @@ def plot_logit_lens(top_tokens: list[list[str]], top_probs, position_labels: lis
     """Layers (rows) by positions (columns); colour = probability of the top guess, text = the guess."""
     import numpy as np
     probs = np.array(top_probs, dtype=float)
-    ax = _axes(ax, (1.3 * len(position_labels) + 2, 0.28 * len(top_tokens) + 1.5))
+    ax = axes_or_new(ax, (1.3 * len(position_labels) + 2, 0.28 * len(top_tokens) + 1.5))
     ax.imshow(probs, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for r, row in enumerate(top_tokens):
         for c, text in enumerate(row):
-            ax.text(c, r, repr(text)[1:-1][:9], ha="center", va="center", fontsize=6.5,
+            ax.text(c, r, token_label(text)[:9], ha="center", va="center", fontsize=6.5,
                     color="white" if probs[r, c] < 0.6 else "black")
-    ax.set_xticks(range(len(position_labels)), _token_labels(position_labels), rotation=45, ha="right", fontsize=8)
+    ax.set_xticks(range(len(position_labels)), [token_label(t) for t in position_labels], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(top_tokens)), ["emb"] + [str(i) for i in range(len(top_tokens) - 1)], fontsize=7)
     ax.set_ylabel("after layer")
     ax.set_xlabel("input position (the guess is for the NEXT token)")
@@ -251,7 +244,7 @@ def plot_logit_lens(top_tokens: list[list[str]], top_probs, position_labels: lis
 
 def plot_parameter_map(parts: list[tuple[str, int]], ax=None, title: str = "Where the parameters are"):
     """Horizontal bars of parameter counts per part, in millions."""
-    ax = _axes(ax, (7, 2.6))
+    ax = axes_or_new(ax, (7, 2.6))
     names = [p for p, _ in parts]
     millions = [n / 1e6 for _, n in parts]
     bars = ax.barh(names, millions, color=PALETTE[: len(parts)])

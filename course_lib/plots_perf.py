@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .plots import PALETTE, _axes
+from .plots import PALETTE, axes_or_new
 
 
 def plot_cache_timing(cached: list[float], uncached: list[float], ax=None,
                       title: str = "Time for each new token, with and without the KV cache"):
     """Seconds per new token against its index, both ways (the first token includes the prompt's pass)."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ax.plot([s * 1000 for s in uncached], label="no cache: re-run the whole sequence", color=PALETTE[3])
     ax.plot([s * 1000 for s in cached], label="KV cache: one new position per step", color=PALETTE[0])
     ax.set_xlabel("new token index")
@@ -27,7 +27,7 @@ def plot_cache_timing(cached: list[float], uncached: list[float], ax=None,
 def plot_kv_memory(tokens: list[int], formula_bytes: list[float], measured: dict[int, int] | None = None, ax=None,
                    title: str = "KV cache memory against context length"):
     """The formula as a line, the bytes measured on real cache objects as dots (MB)."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     ax.plot(tokens, [b / 1e6 for b in formula_bytes], color=PALETTE[0], label="formula")
     if measured:
         ax.plot(list(measured), [b / 1e6 for b in measured.values()], "o", color=PALETTE[1], label="measured cache object")
@@ -86,7 +86,7 @@ def plot_benchmark(result: dict):
 def plot_padding(mask, row_labels: list[str] | None = None, ax=None, title: str = "A left-padded batch"):
     """Grid of a (B, T) attention mask: real tokens coloured, padding grey."""
     import numpy as np
-    ax = _axes(ax, (8, 0.5 * len(mask) + 1.2))
+    ax = axes_or_new(ax, (8, 0.5 * len(mask) + 1.2))
     m = np.array(mask)
     ax.imshow(m, cmap="Blues", vmin=-0.3, vmax=1.2, aspect="auto")
     ax.set_yticks(range(len(m)), row_labels or [f"request {i}" for i in range(len(m))])
@@ -98,7 +98,7 @@ def plot_padding(mask, row_labels: list[str] | None = None, ax=None, title: str 
 
 def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Bigger batches: more throughput, more latency"):
     """Twin axes against batch size: aggregate tokens per second (left) and per-request latency (right)."""
-    ax = _axes(ax)
+    ax = axes_or_new(ax)
     sizes = [r["batch"] for r in rows]
     ax.plot(sizes, [r["tokens_per_s"] for r in rows], "o-", color=PALETTE[0], label="throughput")
     ax.set_xlabel("batch size")
@@ -113,7 +113,7 @@ def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Bigger batc
 
 def plot_timeline(runs: dict[str, list], ax=None, title: str = "When each request ran"):
     """Gantt chart: one row per request and schedule; bar from admission to last token, tick at first token."""
-    ax = _axes(ax, (10, 0.35 * sum(len(j) for j in runs.values()) + 1.5))
+    ax = axes_or_new(ax, (10, 0.35 * sum(len(j) for j in runs.values()) + 1.5))
     y, ticks, labels = 0.0, [], []
     for k, (name, jobs) in enumerate(runs.items()):
         for job in jobs:
@@ -126,5 +126,33 @@ def plot_timeline(runs: dict[str, list], ax=None, title: str = "When each reques
     ax.set_yticks(ticks, labels, fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since all requests were queued (| = first token)")
+    ax.set_title(title)
+    return ax
+
+
+def plot_race(names: list[str], tokens_per_s: list[float], ax=None, title: str = "The race: same tokens, tokens per second"):
+    """One bar per contender (for example model.generate and ours), labelled with its rate."""
+    ax = axes_or_new(ax, (6, 2.6))
+    bars = ax.barh(names, tokens_per_s, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
+    for bar, v in zip(bars, tokens_per_s):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.1f}", va="center")
+    ax.set_xlabel("tokens per second (decode, batch 1)")
+    ax.invert_yaxis()
+    ax.set_title(title)
+    return ax
+
+
+def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "Where a decode step's time goes"):
+    """Stacked bars of milliseconds per decode step by operator group, one bar per run (model and context)."""
+    ax = axes_or_new(ax, (8, 0.6 * len(profiles) + 1.6))
+    groups = sorted({g for p in profiles.values() for g in p}, key=lambda g: -sum(p.get(g, 0) for p in profiles.values()))
+    left = [0.0] * len(profiles)
+    for i, group in enumerate(groups):
+        widths = [p.get(group, 0.0) for p in profiles.values()]
+        ax.barh(list(profiles), widths, left=left, label=group, color=PALETTE[i % len(PALETTE)])
+        left = [a + b for a, b in zip(left, widths)]
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per decode step (operator self-time, torch.profiler)")
+    ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title)
     return ax

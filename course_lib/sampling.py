@@ -3,7 +3,8 @@
 What it does: temperature, top-k, top-p (nucleus), min-p and repetition penalty each reshape a
 logits vector (V,) or batch (B, V); `logits_to_probs` chains them in the order transformers uses
 (penalty, temperature, top-k, top-p, min-p); `sample` draws from the result with a seeded
-generator; `make_sampler` returns a `pick` function for generation.generate. Filtered tokens get
+generator; `make_sampler` returns a `pick` function for generation.generate, and `greedy` is the one greedy pick:
+every picker returns (token, probability) from the distribution it computed. Filtered tokens get
 -inf logits, so they have probability exactly 0. Temperature 0 means greedy: always the top token.
 What it does not do: call the model (pass it logits) or draw anything (plots.py, widgets.py).
 """
@@ -18,22 +19,70 @@ from .forward import entropy_bits
 
 
 def _check_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Logits a token can be picked from: a non-empty (V,) or (B, V) tensor, no NaN, no +inf, and at least
+    one finite value per row. Returned as float32."""
     if not torch.is_tensor(logits) or logits.dim() not in (1, 2) or logits.shape[-1] == 0:
         raise ValueError("logits must be a non-empty (V,) or (B, V) tensor")
     if torch.isnan(logits).any():
         raise ValueError("logits contain NaN: the model output is broken (check the dtype and the input IDs)")
+    if torch.isposinf(logits).any():
+        raise ValueError("logits contain +inf: no probability can be computed (check the model's dtype)")
+    if not torch.isfinite(logits).any(dim=-1).all():
+        raise ValueError("all logits of a row are -inf: the filters or a mask removed every token, nothing can be picked")
     return logits.float()
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_temperature(t) -> float:
+    if not (_is_number(t) and t >= 0):
+        raise ValueError(f"temperature must be a number >= 0 (0 means greedy), got {t!r}")
+    return float(t)
+
+
+def check_top_k(k) -> int:
+    if not (isinstance(k, int) and not isinstance(k, bool) and k >= 0):
+        raise ValueError(f"top_k must be an integer >= 0 (0 switches it off), got {k!r}")
+    return k
+
+
+def check_top_p(p) -> float:
+    if not (_is_number(p) and 0 < p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] (1 switches it off), got {p!r}")
+    return float(p)
+
+
+def check_min_p(p) -> float:
+    if not (_is_number(p) and 0 <= p <= 1):
+        raise ValueError(f"min_p must be in [0, 1] (0 switches it off), got {p!r}")
+    return float(p)
+
+
+def check_penalty(x) -> float:
+    if not (_is_number(x) and x > 0):
+        raise ValueError(f"repetition_penalty must be > 0 (1 switches it off), got {x!r}")
+    return float(x)
+
+
+def greedy(logits: torch.Tensor) -> tuple[int, float]:
+    """The most probable token and its probability. Example: greedy(tensor([0., 2., 0.])) -> (1, 0.787...)"""
+    row = _check_logits(logits).reshape(-1)
+    token = int(torch.argmax(row))
+    return token, float(torch.exp(row[token] - torch.logsumexp(row, dim=-1)))
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Divide logits by T: T < 1 sharpens, T > 1 flattens. Example: [2., 0.], T=2 -> [1., 0.]"""
-    if temperature <= 0:
+    if check_temperature(temperature) == 0:
         raise ValueError("temperature must be > 0 here; temperature 0 means greedy (see logits_to_probs)")
     return _check_logits(logits) / temperature
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits, set the rest to -inf; k=0 keeps all. Example: [2., 1., .5], k=2 -> [2., 1., -inf]"""
+    check_top_k(k)
     logits = _check_logits(logits)
     if k == 0 or k >= logits.shape[-1]:
         return logits
@@ -44,6 +93,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the most probable tokens whose total probability first reaches p (the nucleus); the rest -inf.
     Example: probs [.5, .3, .2], p=0.7 -> keeps the first two"""
+    check_top_p(p)
     logits = _check_logits(logits)
     ascending, order = torch.sort(logits, dim=-1)
     tail_mass = ascending.softmax(dim=-1).cumsum(dim=-1)  # mass of this token and all less likely ones
@@ -55,6 +105,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     """Drop tokens less probable than min_p times the top token's probability; min_p=0 keeps all."""
+    check_min_p(min_p)
     logits = _check_logits(logits)
     if min_p == 0:
         return logits
@@ -65,10 +116,9 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 
 def repetition_penalty(logits: torch.Tensor, previous_ids, penalty: float) -> torch.Tensor:
     """Make tokens already seen less likely: positive logits / penalty, negative logits * penalty (1.0 = off)."""
+    check_penalty(penalty)
     logits = _check_logits(logits).clone()
-    if penalty <= 0:
-        raise ValueError("repetition_penalty must be > 0 (1.0 switches it off)")
-    ids = torch.as_tensor(list(previous_ids), dtype=torch.long)
+    ids = torch.as_tensor(list(previous_ids), dtype=torch.long, device=logits.device)
     if penalty == 1.0 or ids.numel() == 0:
         return logits
     seen = logits[..., ids]
@@ -86,19 +136,8 @@ class SamplingConfig:
     repetition_penalty: float = 1.0
 
     def __post_init__(self):
-        checks = [(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
-                   f"temperature must be a number >= 0 (0 means greedy), got {self.temperature!r}"),
-                  (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
-                   f"top_k must be an integer >= 0 (0 switches it off), got {self.top_k!r}"),
-                  (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1,
-                   f"top_p must be in (0, 1] (1 switches it off), got {self.top_p!r}"),
-                  (isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1,
-                   f"min_p must be in [0, 1] (0 switches it off), got {self.min_p!r}"),
-                  (isinstance(self.repetition_penalty, (int, float)) and self.repetition_penalty > 0,
-                   f"repetition_penalty must be > 0 (1 switches it off), got {self.repetition_penalty!r}")]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        check_temperature(self.temperature), check_top_k(self.top_k), check_top_p(self.top_p)
+        check_min_p(self.min_p), check_penalty(self.repetition_penalty)
 
 
 def filtered_logits(logits: torch.Tensor, config: SamplingConfig, previous_ids=()) -> torch.Tensor:
@@ -129,16 +168,23 @@ def effective_choices(probs: torch.Tensor) -> float:
 
 
 def make_sampler(config: SamplingConfig, seed: int | None = None, history: list[int] | None = None):
-    """A pick(logits) -> token function for generation.generate; seeded, so a result can be repeated.
+    """A pick(logits) -> (token, probability) function for generation.generate; seeded, so a result can be
+    repeated. The probability is the chosen token's in the distribution it was drawn from (after the filters).
     history: the prompt IDs, needed only for the repetition penalty (chosen tokens are appended)."""
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    generator = None
     seen = list(history or [])
 
-    def pick(logits: torch.Tensor) -> int:
-        probs = logits_to_probs(logits.float().cpu(), config, seen)
-        token = int(probs.argmax()) if config.temperature == 0 else int(sample(probs, generator)[0])
+    def pick(logits: torch.Tensor) -> tuple[int, float]:
+        nonlocal generator
+        probs = logits_to_probs(logits, config, seen)  # (V,), on the logits' device
+        if config.temperature == 0:
+            token = int(probs.argmax())
+        else:
+            if generator is None and seed is not None:  # note: a generator lives on one device: make it there
+                generator = torch.Generator(device=probs.device).manual_seed(seed)
+            token = int(sample(probs, generator)[0])
         seen.append(token)
-        return token
+        return token, float(probs[token])
 
     return pick
 

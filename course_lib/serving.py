@@ -4,16 +4,22 @@ What it does: `Engine` runs course_lib's continuous batching loop in a backgroun
 each request its tokens as they are produced; `create_app` builds a FastAPI app with
 POST /v1/chat/completions (JSON or, with "stream": true, server-sent events), GET /v1/models and
 GET /health; `start_server` runs it with uvicorn on 127.0.0.1 only, on the port you choose, and
-returns a handle whose stop() shuts everything down. Bad requests get 400/413/422 with a message;
-max_tokens above the cap is clamped to it (the response says so in the header x-max-tokens-clamped);
-a client that disconnects mid-stream is dropped from the batch at the next step.
-What it does not do: authentication, paged KV memory, or listening on any non-loopback address.
+returns a handle whose stop() shuts everything down. Requests are read by openai_api (OpenAI's
+dialect and defaults; every error, unknown routes included, in OpenAI's error shape); stop strings
+go through the same generation.Stopper as in a notebook. max_tokens above the cap is clamped to it
+(the header x-max-tokens-clamped says so); a client that disconnects, streaming or not, is dropped
+from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
+network, with a generated API key and a concurrency cap.
+What it does not do: TLS, user accounts, or paged KV memory.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
+from contextlib import asynccontextmanager
 import json
 import queue
+import secrets
 import socket
 import threading
 import time
@@ -21,17 +27,20 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import ContinuousBatch, Job
-from .context import context_ids, validate_messages
-from .generation import IncrementalDecoder, end_of_turn_ids
+from .context import context_ids
+from .generation import FINISH_REASON, IncrementalDecoder, Stopper, end_of_turn_ids
+from .openai_api import ApiError, error_body, parse_chat_request
 from .sampling import SamplingConfig, make_sampler
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class Engine:
-    """A background thread that owns the model and serves jobs by continuous batching."""
+    """A background thread that owns the model and serves jobs by continuous batching.
+    start() launches the thread (the app's lifespan does it when the server starts); stop() ends it."""
 
     def __init__(self, model, max_batch: int = 8):
         self.model, self.max_batch = model, max_batch
@@ -39,9 +48,14 @@ class Engine:
         self.listeners: dict[str, callable] = {}
         self.batch = ContinuousBatch(model)
         self.served, self.error = 0, None
+        self.finished: collections.deque = collections.deque(maxlen=64)  # (job name, stop reason), newest last
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="course-engine", daemon=True)
-        self.thread.start()
+
+    def start(self) -> "Engine":
+        if not self.thread.is_alive() and not self._stop.is_set():
+            self.thread.start()
+        return self
 
     def submit(self, job: Job, on_token) -> None:
         """Queue a job; on_token(token_id) is called from the engine thread, then on_token(None) at the end."""
@@ -79,6 +93,7 @@ class Engine:
 
     def _finish(self, job: Job, reason: str) -> None:
         job.finish_reason = job.finish_reason or reason
+        self.finished.append((job.name, job.finish_reason))
         listener = self.listeners.pop(job.name, None)
         if listener:
             self.served += 1
@@ -86,32 +101,66 @@ class Engine:
 
     def stop(self) -> None:
         self._stop.set()
-        self.thread.join(timeout=10)
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+def _error(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
 def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", max_tokens_cap: int = 256,
-               max_body_bytes: int = 65_536, max_batch: int = 8) -> FastAPI:
-    """The FastAPI app; app.state.engine is the running Engine (stop it with app.state.engine.stop())."""
-    app = FastAPI(title="course_lib chat server")
+               max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
+               max_concurrent: int | None = None) -> FastAPI:
+    """The FastAPI app; app.state.engine is its Engine, started and stopped with the app (its lifespan).
+    api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
+    max_concurrent: requests in flight at once; more get 429 (None: no cap)."""
     engine = Engine(model, max_batch=max_batch)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="course_lib chat server", lifespan=lifespan)
     app.state.engine = engine
     stop_ids = frozenset(end_of_turn_ids(model, tokenizer))
     window = model.config.max_position_embeddings
+    in_flight = [0]
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, err: StarletteHTTPException):  # unknown routes, wrong methods: OpenAI's shape
+        code = {404: "not_found", 405: "method_not_allowed"}.get(err.status_code)
+        return _error(err.status_code, str(err.detail), code=code)
+
+    def refused(request: Request) -> JSONResponse | None:
+        """401 unless the request carries the key (when there is one). note: checked in each /v1 route, not in
+        an HTTP middleware: Starlette's middleware wrapper hides client disconnects from the route."""
+        if api_key is None:
+            return None
+        given = request.headers.get("authorization", "")
+        if secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            return None
+        return _error(401, "a valid API key is required: send 'Authorization: Bearer <key>' "
+                      "(the key was printed when the server started)", code="invalid_api_key")
 
     @app.get("/health")
     def health():
         return {"status": "ok", "active": engine.active(), "served": engine.served}
 
     @app.get("/v1/models")
-    def models():
+    def models(request: Request):
+        if (denied := refused(request)) is not None:
+            return denied
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "course"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        if (denied := refused(request)) is not None:
+            return denied
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_body_bytes:
             return _error(413, f"request body of {declared} bytes is over the limit of {max_body_bytes}")
@@ -122,65 +171,90 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as err:
             return _error(400, f"malformed JSON: {err}")
-        if not isinstance(payload, dict):
-            return _error(400, "the body must be a JSON object")
-        messages = payload.get("messages")
-        if not messages:
-            return _error(400, "'messages' is missing or empty: send at least one message")
         try:
-            validate_messages(messages)
-            sampling = SamplingConfig(temperature=float(payload.get("temperature", 0.0)),
-                                      top_p=float(payload.get("top_p", 1.0)))
-        except (ValueError, TypeError) as err:
-            return _error(400, str(err))
-        asked = payload.get("max_tokens", payload.get("max_completion_tokens", 128))
-        if not isinstance(asked, int) or isinstance(asked, bool) or asked < 1:
-            return _error(422, f"max_tokens must be a positive integer, got {asked!r}")
-        prompt = context_ids(tokenizer, messages)
+            req = parse_chat_request(payload, model_name=model_name)
+            sampling = SamplingConfig(temperature=req.temperature, top_p=req.top_p)
+        except ApiError as err:
+            return _error(err.status, err.message, err.kind, err.param, err.code)
+        prompt = context_ids(tokenizer, req.messages)
         if len(prompt) >= window:
             return _error(400, f"the prompt has {len(prompt)} tokens but the context window holds {window}; "
-                          "shorten the conversation")
-        allowed = min(asked, max_tokens_cap, window - len(prompt))
+                          "shorten the conversation", param="messages", code="context_length_exceeded")
+        if max_concurrent is not None and in_flight[0] >= max_concurrent:
+            return _error(429, f"the server is busy ({max_concurrent} requests in flight); retry shortly",
+                          "rate_limit_error", code="too_many_requests")
+        allowed = min(req.max_tokens, max_tokens_cap, window - len(prompt))
         job = Job(f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids,
-                  None if sampling.temperature == 0 else make_sampler(sampling, seed=payload.get("seed")))
-        headers = {"x-max-tokens-clamped": str(allowed)} if allowed < asked else {}
+                  None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed),
+                  stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop))
+        headers = {"x-max-tokens-clamped": str(allowed)} if allowed < req.max_tokens else {}
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
-        engine.submit(job, lambda token: loop.call_soon_threadsafe(tokens.put_nowait, token))
+        in_flight[0] += 1
+
+        def on_token(token):
+            if token is None:
+                in_flight[0] -= 1
+            loop.call_soon_threadsafe(tokens.put_nowait, token)
+
+        engine.submit(job, on_token)
         created = int(time.time())
-        if payload.get("stream"):
-            return StreamingResponse(_events(job, tokens, tokenizer, model_name, created), headers=headers,
-                                     media_type="text/event-stream")
-        ids = []
-        while (token := await tokens.get()) is not None:
-            ids.append(token)
+        if req.stream:
+            return StreamingResponse(_events(job, tokens, tokenizer, model_name, created, len(prompt), req.include_usage),
+                                     headers=headers, media_type="text/event-stream")
+        ids, checked = [], loop.time()
+        while True:
+            try:
+                token = await asyncio.wait_for(tokens.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                token = ...  # nothing yet
+            if loop.time() - checked > 0.25:  # note: look for a vanished client a few times a second
+                checked = loop.time()
+                if await request.is_disconnected():  # it went away: stop generating for it
+                    job.cancelled = True
+                    return JSONResponse(error_body("client disconnected"), status_code=499)
+            if token is None:
+                break
+            if token is not ...:
+                ids.append(token)
         text = tokenizer.decode(ids, skip_special_tokens=True)
         return JSONResponse({
             "id": job.name, "object": "chat.completion", "created": created, "model": model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": job.finish_reason}],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
-                      "total_tokens": len(prompt) + len(ids)}}, headers=headers)
+                         "finish_reason": FINISH_REASON.get(job.finish_reason, "stop")}],
+            "usage": _usage(len(prompt), len(ids))}, headers=headers)
 
     return app
 
 
-async def _events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: str, created: int):
-    """Server-sent events in OpenAI's chunk format; a disconnect marks the job cancelled."""
-    def chunk(delta: dict, finish=None) -> str:
-        return "data: " + json.dumps({"id": job.name, "object": "chat.completion.chunk", "created": created,
-                                      "model": model_name, "choices": [{"index": 0, "delta": delta,
-                                                                        "finish_reason": finish}]}) + "\n\n"
-    decoder = IncrementalDecoder(tokenizer)
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def _events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: str, created: int, prompt_tokens: int = 0,
+                  include_usage: bool = False):
+    """Server-sent events in OpenAI's chunk format; a disconnect marks the job cancelled. With include_usage,
+    a last chunk with no choices carries the token counts (stream_options: {"include_usage": true})."""
+    def chunk(delta: dict, finish=None, **extra) -> str:
+        body = {"id": job.name, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if delta is not None else []}
+        if include_usage:
+            body["usage"] = extra.get("usage")
+        return "data: " + json.dumps(body) + "\n\n"
+    decoder, count = IncrementalDecoder(tokenizer), 0
     try:
         yield chunk({"role": "assistant", "content": ""})
         while (token := await tokens.get()) is not None:
+            count += 1
             piece = decoder.push(token)
             if piece:
                 yield chunk({"content": piece})
         rest = decoder.flush()
         if rest:
             yield chunk({"content": rest})
-        yield chunk({}, job.finish_reason)
+        yield chunk({}, FINISH_REASON.get(job.finish_reason, "stop"))
+        if include_usage:
+            yield chunk(None, usage=_usage(prompt_tokens, count))
         yield "data: [DONE]\n\n"
     finally:
         if job.finish_reason == "":  # the client went away before the end: stop generating for it
@@ -197,9 +271,9 @@ def free_port() -> int:
 class ServerHandle:
     """A running server: .url for clients, .stop() to shut down uvicorn and the engine."""
 
-    def __init__(self, app, host: str, port: int):
+    def __init__(self, app, host: str, port: int, api_key: str | None = None):
         import uvicorn
-        self.app, self.url = app, f"http://{host}:{port}"
+        self.app, self.url, self.api_key = app, f"http://{host}:{port}", api_key
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, name="course-uvicorn", daemon=True)
 
@@ -218,10 +292,21 @@ class ServerHandle:
         self.app.state.engine.stop()
 
 
-def start_server(model, tokenizer, port: int, host: str = "127.0.0.1", **options) -> ServerHandle:
-    """Serve on host:port in a background thread. Only loopback addresses are allowed."""
-    if host not in LOOPBACK:
-        raise ValueError(f"this teaching server listens on loopback only ({', '.join(LOOPBACK)}), not {host!r}")
-    if not isinstance(port, int) or not 0 < port < 65536:
+def start_server(model, tokenizer, port: int, host: str = "127.0.0.1", *, allow_network: bool = False,
+                 api_key: str | None = None, max_concurrent: int = 8, **options) -> ServerHandle:
+    """Serve on host:port in a background thread. Loopback only, unless allow_network=True: then the server
+    may listen on a local-network address (for a workshop room), with a warning, an API key generated
+    now and printed (clients send it as their bearer token; 401 without it) and at most max_concurrent
+    requests in flight. api_key may also be set on loopback."""
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer between 1 and 65535, got {port!r}")
-    return ServerHandle(create_app(model, tokenizer, **options), host, port).start()
+    if host not in LOOPBACK:
+        if not allow_network:
+            raise ValueError(f"this teaching server listens on loopback only ({', '.join(LOOPBACK)}), not {host!r}; "
+                             "to let other machines of your network in, pass allow_network=True")
+        api_key = api_key or secrets.token_urlsafe(18)
+        print(f"WARNING: serving on {host}:{port}, reachable from your local network. Anyone who can reach it "
+              f"and holds the key can use this machine's model.\n  API key (give it to your learners): {api_key}\n"
+              f"  at most {max_concurrent} requests at once; stop the server when the session ends.")
+    app = create_app(model, tokenizer, api_key=api_key, max_concurrent=max_concurrent, **options)
+    return ServerHandle(app, host, port, api_key).start()

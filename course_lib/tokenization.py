@@ -10,6 +10,8 @@ tokenizers do (so our toy merges can cross word boundaries).
 """
 from __future__ import annotations
 
+import operator
+
 import functools
 from collections import Counter
 from dataclasses import dataclass
@@ -84,9 +86,17 @@ def tokens_of(tokenizer, ids: list[int]) -> list[Token]:
     """Each ID of the model's (byte-level) tokenizer with its exact bytes; special tokens marked."""
     special = set(tokenizer.all_special_ids)
     table = _unicode_to_byte()
+    size = len(tokenizer)
+    try:
+        ids = [operator.index(i) for i in ids]  # ints, numpy ints and one-element integer tensors
+    except TypeError:
+        raise ValueError(f"token IDs must be integers, got {list(ids)[:5]!r}") from None
+    bad = [i for i in ids if not 0 <= i < size]
+    if bad:
+        raise ValueError(f"token IDs {bad[:5]} are not in this tokenizer's vocabulary of {size:,} "
+                         f"(valid IDs are integers 0 to {size - 1})")
     out = []
     for i, piece in zip(ids, tokenizer.convert_ids_to_tokens(list(ids))):
-        i = int(i)
         raw = piece.encode() if i in special else bytes(table[c] for c in piece)
         out.append(Token(i, raw, i in special))
     return out

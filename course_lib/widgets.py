@@ -116,3 +116,20 @@ class AttentionExplorer:
 
     def widget(self) -> W.VBox:
         return W.VBox([W.HBox([self.layer, self.head]), self.view])
+
+
+def redraw_ms(logits, labels: dict[int, str]) -> dict:
+    """Median redraw time of the sampling and attention explorers (Python side, no browser), for the bench.
+    logits: (V,) on the CPU; labels: token ID -> text for the tokens shown."""
+    sampler = SamplingExplorer(logits, labels)
+    s_times = []
+    for t in [0.2, 0.5, 0.8, 1.1, 1.4, 1.7, 2.0]:
+        sampler.temperature.value = t
+        s_times.append(sampler.last_update_ms)
+    attention = AttentionExplorer(torch.rand(30, 9, 12, 12).tril(), [f"t{i}" for i in range(12)])
+    a_times = []
+    for layer in range(1, 8):
+        attention.layer.value = layer
+        a_times.append(attention.last_update_ms)
+    return {"sampling_explorer_ms": sorted(s_times)[len(s_times) // 2],
+            "attention_explorer_ms": sorted(a_times)[len(a_times) // 2]}

@@ -7,7 +7,7 @@ nothing in the repository is modified), opens each notebook that has widgets, ru
 temperature and top-p sliders (05), the layer and head sliders (04) and types in the tokenizer box (01).
 For each it records whether the view changed, the time from the key press to the updated view (a
 MutationObserver in the page), the browser console errors, and a screenshot. Used by
-tests/test_browser.py and by `make bench-browser`, which prints the timings.
+tests/test_browser.py and by `make bench` (after the model benchmark), which prints the timings.
 """
 import argparse
 import json

@@ -1,6 +1,6 @@
 import torch
 
-from course_lib.forward import logit_lens
+from course_lib.anatomy import logit_lens
 
 model = tokenizer = None
 

@@ -44,6 +44,6 @@ def tokenizer(smol):
 
 
 def chat_ids(tokenizer, question, system="You are a helpful assistant."):
-    from course_lib.context import context_ids
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return context_ids(tokenizer, messages)
+    """The tests' default: the question with the course's short system prompt (context.chat_ids)."""
+    from course_lib.context import chat_ids as build
+    return build(tokenizer, question, system)

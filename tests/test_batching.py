@@ -65,5 +65,5 @@ def test_cancelled_job_leaves_the_batch(model, prompts):
 def test_stop_ids_end_a_job(model, tokenizer, prompts):
     job = Job("q", prompts[0], 50, frozenset({2}))
     run_schedule(model, [job], max_batch=1, continuous=True)
-    assert job.tokens[-1] == 2 and job.finish_reason == "stop"
+    assert job.tokens[-1] == 2 and job.finish_reason == "end_of_turn"
     assert tokenizer.decode(job.tokens, skip_special_tokens=True) == "The capital of France is Paris."

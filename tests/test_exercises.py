@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.bench import story_ids
+from course_lib.context import story_ids
 from course_lib.exercises import (lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
-                                  lesson08, lesson09, lesson10)
+                                  lesson08, lesson09, lesson10, lesson11)
 from course_lib.forward import forward_logits
 from course_lib.generation import generate
 
@@ -182,3 +182,15 @@ def test_lesson10(model, tokenizer):
     assert not lesson10.check_body(lambda q: {"messages": [{"role": "user", "content": q}], "max_tokens": 50})
     assert not lesson10.check_parse(lambda raw: raw)
     assert not lesson10.check_ttft(lambda start, arrivals: max(arrivals) - start)
+
+
+def test_lesson11(model, tokenizer):
+    from course_lib.model import Model
+    ours = Model.from_transformers(model)
+    s = solution(11, model, tokenizer)
+    assert lesson11.check_rms_norm(s.rms_norm, ours)
+    assert lesson11.check_rotate(s.rotate, ours)
+    assert lesson11.check_cache_bytes(s.cache_bytes, ours)
+    assert not lesson11.check_rms_norm(lambda x, w, e: w * (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), ours)
+    assert not lesson11.check_rotate(lambda x, p: x, ours)  # right only at position 0
+    assert not lesson11.check_cache_bytes(lambda b, t: s.cache_bytes(b, t) // 2, ours)  # forgot the values

@@ -4,8 +4,9 @@ import torch
 import course_lib
 from course_lib.attention import (apply_rotary, attention_by_hand, attention_weights, kv_groups, rotary_cos_sin,
                                   time_scores, top_attended)
-from course_lib.forward import (block_by_hand, capture_shapes, flops_per_token, forward_logits, layer_outputs,
-                                logit_lens, memory_by_dtype, parameter_map)
+from course_lib.forward import forward_logits
+from course_lib.anatomy import (block_by_hand, capture_shapes, flops_per_token, layer_outputs,
+                               logit_lens, memory_by_dtype, parameter_map)
 
 TEXT = "What is the capital of France?"
 
@@ -108,4 +109,5 @@ def test_top_attended_finds_the_maximum():
 def test_time_scores_and_flops():
     secs = time_scores([16, 32], 2, 8, repeats=1)
     assert len(secs) == 2 and all(s > 0 for s in secs)
-    assert flops_per_token(100, 10) == 180
+    assert flops_per_token(100, 10) == 200  # the tied head is a full product for every token
+    assert flops_per_token(110, 10, tied=False) == 200

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from course_lib.forward import forward_logits, logits_to_probs, top_candidates
+from course_lib.forward import forward_logits, probabilities, top_candidates
 from course_lib.generation import decode_step, end_of_turn_ids, generate, prefill
 
 from conftest import chat_ids
@@ -69,7 +69,7 @@ def test_prompt_longer_than_context_window(model, tokenizer):
 
 
 def test_top_candidates_are_sorted_probabilities(model, tokenizer):
-    probs = logits_to_probs(forward_logits(model, chat_ids(tokenizer, "What is the capital of France?"))[0, -1])
+    probs = probabilities(forward_logits(model, chat_ids(tokenizer, "What is the capital of France?"))[0, -1])
     assert abs(float(probs.sum()) - 1) < 1e-4
     top = top_candidates(tokenizer, probs, k=10)
     assert [c.rank for c in top] == list(range(1, 11))

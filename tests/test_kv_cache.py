@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.bench import filler_ids, story_ids
+from course_lib.context import filler_ids, story_ids
 from course_lib.generation import decode_step, prefill
 from course_lib.kv_cache import (Request, cache_bytes, kv_bytes_per_token, model_kv_bytes_per_token,
                                  positions_processed, run_with_cache, run_without_cache, simulate_budget)

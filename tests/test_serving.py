@@ -10,6 +10,7 @@ import pytest
 from course_lib.serving import free_port, start_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+MODEL = "smollm2-135m-instruct"  # the served name; tests that compare text ask for temperature 0 (repeatable)
 
 
 @pytest.fixture(scope="module")
@@ -26,21 +27,21 @@ def client(server):
 
 
 def test_openai_client_non_streaming(client):
-    reply = client.chat.completions.create(model="m", messages=QUESTION)
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
     assert reply.choices[0].message.content == "The capital of France is Paris."
     assert reply.choices[0].finish_reason == "stop" and reply.usage.completion_tokens == 8
 
 
 def test_streamed_text_equals_non_streamed(client):
     for messages in [QUESTION, [{"role": "user", "content": "What is 'hello' in Chinese?"}]]:
-        whole = client.chat.completions.create(model="m", messages=messages, max_tokens=40).choices[0].message.content
+        whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0).choices[0].message.content
         pieces = [c.choices[0].delta.content or "" for c in
-                  client.chat.completions.create(model="m", messages=messages, max_tokens=40, stream=True)]
+                  client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, stream=True, temperature=0)]
         assert "".join(pieces) == whole and not any("\ufffd" in p for p in pieces)
 
 
 def test_raw_sse_format(server):
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json={"messages": QUESTION, "stream": True},
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={"messages": QUESTION, "stream": True, "temperature": 0},
                       timeout=60) as response:
         assert response.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in response.iter_lines() if line]
@@ -56,7 +57,7 @@ def test_eight_concurrent_streams_all_complete(client, server):
     def one(i):
         try:
             text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-                model="m", stream=True, max_tokens=24, messages=[{"role": "user", "content": f"Name a colour number {i}."}]))
+                model=MODEL, stream=True, max_tokens=24, messages=[{"role": "user", "content": f"Name a colour number {i}."}]))
             results[i] = text
         except Exception as err:  # noqa: BLE001
             errors.append(err)
@@ -77,7 +78,8 @@ def test_eight_concurrent_streams_all_complete(client, server):
     (json.dumps({"messages": []}).encode(), 400, "messages"),
     (json.dumps({"messages": [{"role": "wizard", "content": "hi"}]}).encode(), 400, "unknown role"),
     (json.dumps({"messages": [{"role": "user", "content": 5}]}).encode(), 400, "must be text"),
-    (json.dumps({"messages": QUESTION, "max_tokens": 0}).encode(), 422, "max_tokens"),
+    (json.dumps({"messages": QUESTION, "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"messages": QUESTION, "max_tokens": -1}).encode(), 400, "max_tokens"),
     (json.dumps({"messages": QUESTION, "temperature": -1}).encode(), 400, "temperature"),
     (json.dumps({"messages": [{"role": "user", "content": "word " * 4500}]}).encode(), 413, "over the limit"),
 ])
@@ -116,13 +118,13 @@ def test_client_disconnect_stops_generation_and_others_continue(server, client):
     while name in engine.active() and time.time() < deadline:
         time.sleep(0.05)
     assert name not in engine.active()
-    reply = client.chat.completions.create(model="m", messages=QUESTION)
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
     assert reply.choices[0].message.content == "The capital of France is Paris."
 
 
 def test_only_loopback(model, tokenizer):
     with pytest.raises(ValueError, match="loopback"):
-        start_server(model, tokenizer, port=free_port(), host="0.0.0.0")
+        start_server(model, tokenizer, port=free_port(), host="0.0.0.0")  # no opt-in: refused
     with pytest.raises(ValueError, match="port"):
         start_server(model, tokenizer, port=70000)
 
@@ -130,3 +132,100 @@ def test_only_loopback(model, tokenizer):
 def test_health_and_models(server):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
     assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "smollm2-135m-instruct"
+
+
+def test_stop_strings_reach_the_server_through_the_shared_loop(client):
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, stop=["France"], temperature=0)
+    assert reply.choices[0].message.content == "The capital of France" and reply.choices[0].finish_reason == "stop"
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, temperature=0)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+
+
+def test_bad_stop_is_refused(server):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": QUESTION, "stop": ["a", ""]}, timeout=30)
+    assert r.status_code == 400 and "stop" in r.json()["error"]["message"]
+
+
+def test_the_server_runs_on_our_model(model, tokenizer):
+    from course_lib.model import Model
+    handle = start_server(Model.from_transformers(model), tokenizer, port=free_port(), max_tokens_cap=32)
+    try:
+        c = openai.OpenAI(base_url=handle.url + "/v1", api_key="local", timeout=120, max_retries=0)
+        reply = c.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
+        assert reply.choices[0].message.content == "The capital of France is Paris."
+        pieces = [ch.choices[0].delta.content or "" for ch in
+                  c.chat.completions.create(model=MODEL, messages=QUESTION, stream=True, temperature=0)]
+        assert "".join(pieces) == "The capital of France is Paris."
+    finally:
+        handle.stop()
+
+
+@pytest.mark.parametrize("extra, param, code", [
+    ({"max_tokens": "12"}, "max_tokens", "invalid_type"), ({"temperature": "hot"}, "temperature", "invalid_type"),
+    ({"temperature": 2.5}, "temperature", "invalid_value"), ({"top_p": 0}, "top_p", "invalid_value"),
+    ({"n": 2}, "n", "unsupported_value"), ({"top_k": 5}, "top_k", "unsupported_parameter"),
+    ({"logprobs": True}, "logprobs", "unsupported_parameter"), ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"stop": [""]}, "stop", None), ({"seed": 1.5}, "seed", "invalid_type"), ({"stream": "yes"}, "stream", "invalid_type"),
+])
+def test_errors_name_the_field_in_openai_shape(server, extra, param, code):
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": QUESTION, **extra}, timeout=30)
+    error = r.json()["error"]
+    assert r.status_code == 400 and set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["code"] == code and error["type"] == "invalid_request_error"
+
+
+def test_unknown_routes_and_methods_and_models_in_openai_shape(server):
+    r = httpx.get(server.url + "/v1/nope", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = httpx.get(server.url + "/v1/chat/completions", timeout=10)
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(server.url + "/v1/chat/completions", json={"model": "gpt-4o", "messages": QUESTION}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found" and MODEL in r.json()["error"]["message"]
+
+
+def test_null_means_default_and_text_parts_are_joined(client):
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital"}, {"type": "text", "text": "of France?"}]}]
+    reply = client.chat.completions.create(model=MODEL, messages=parts, temperature=0, top_p=None, max_tokens=None)
+    assert "Paris" in reply.choices[0].message.content
+    r = httpx.post(client.base_url.join("chat/completions").__str__(), timeout=30, json={
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_content"
+
+
+def test_seed_repeats_a_sampled_answer(client):
+    ask = lambda seed: client.chat.completions.create(  # noqa: E731 - temperature 1 is the default: sampled
+        model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], seed=seed, max_tokens=12).choices[0].message.content
+    assert ask(7) == ask(7)
+    assert len({ask(s) for s in range(4)}) > 1  # different seeds, different samples
+
+
+def test_include_usage_gives_a_final_usage_chunk(client):
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens > 0
+
+
+def test_non_streamed_disconnect_stops_generation(server):
+    engine = server.app.state.engine
+    before = engine.served
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", timeout=1.0, json={
+            "messages": [{"role": "user", "content": "Write a long story about a dragon."}], "max_tokens": 64})
+    deadline = time.time() + 20
+    while engine.active() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not engine.active() and engine.served == before + 1
+    assert engine.finished[-1][1] == "cancelled"  # stopped early, not run to its 64 tokens
+
+
+def test_api_key_is_checked_as_the_bearer_token(model, tokenizer):
+    handle = start_server(model, tokenizer, port=free_port(), api_key="s3cret", max_tokens_cap=8)
+    try:
+        r = httpx.post(handle.url + "/v1/chat/completions", json={"messages": QUESTION}, timeout=30)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        c = openai.OpenAI(base_url=handle.url + "/v1", api_key="s3cret", timeout=60, max_retries=0)
+        assert c.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0).choices[0].message.content
+        assert httpx.get(handle.url + "/health", timeout=10).status_code == 200  # the health check stays open
+    finally:
+        handle.stop()

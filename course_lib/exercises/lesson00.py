@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..context import context_ids
+from ..context import chat_ids
 from ..generation import generate
+from ..forward import forward_logits
 from . import safely, verdict
 
 TEXTS = ["What is the capital of France?", "Unbelievable!", "Paris, 2024 🇫🇷", ""]
@@ -24,20 +25,15 @@ def check_count_tokens(count_tokens, tokenizer) -> bool:
     return verdict(True, f"your counts match the tokenizer on {len(TEXTS)} texts, the empty one included", "")
 
 
-def _chat_ids(tokenizer, question: str) -> list[int]:
-    return context_ids(tokenizer, [{"role": "user", "content": question}])
-
-
 @torch.inference_mode()
 def check_next_token(next_token, model, tokenizer) -> bool:
     """next_token(ids) -> the greedy next token ID after a list of token IDs (one forward pass)."""
     for question in QUESTIONS:
-        ids = _chat_ids(tokenizer, question)
+        ids = chat_ids(tokenizer, question)
         ok, got = safely(next_token, ids)
         if not ok:
             return verdict(False, "", got)
-        logits = model(input_ids=torch.tensor([ids], device=model.device)).logits  # (1, T, V)
-        want = int(logits[0, -1].argmax())
+        want = int(forward_logits(model, ids)[0, -1].argmax())
         if not isinstance(got, int) or got != want:
             return verdict(False, "", f"for {question!r} you returned {got!r}, the greedy choice is {want} "
                            f"({tokenizer.decode([want])!r}). Hint: argmax of the logits at the LAST position, as int")
@@ -50,7 +46,7 @@ def check_answer(answer, model, tokenizer) -> bool:
         ok, got = safely(answer, question)
         if not ok:
             return verdict(False, "", got)
-        want = generate(model, tokenizer, _chat_ids(tokenizer, question), max_new_tokens=48).text
+        want = generate(model, tokenizer, chat_ids(tokenizer, question), max_new_tokens=48).text
         if got != want:
             return verdict(False, "", f"for {question!r} you returned {got!r}; the greedy reply is {want!r}. "
                            "Hint: apply_chat_template with add_generation_prompt=True, then generate(...).text")

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ..forward import layer_outputs, logit_lens
+from ..anatomy import layer_outputs, logit_lens
 from . import safely, verdict
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..generation import GenerationResult, Step, generate
+from ..kv_cache import run_without_cache
 from . import safely, verdict
 
 STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷", "plain ASCII text", "naïve café 你好"]
@@ -14,13 +15,7 @@ def check_greedy_loop(greedy_loop, model, tokenizer, prompt_ids: list[int], n: i
     ok, got = safely(greedy_loop, list(prompt_ids), n)
     if not ok:
         return verdict(False, "", got)
-    want: list[int] = []
-    ids = list(prompt_ids)
-    with torch.inference_mode():
-        for _ in range(n):  # the reference: no cache, no stop token, exactly n tokens
-            nxt = int(model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1].argmax())
-            want.append(nxt)
-            ids.append(nxt)
+    want = run_without_cache(model, list(prompt_ids), n).token_ids  # the reference: no cache, exactly n tokens
     if not isinstance(got, list) or [int(t) for t in got] != want:
         return verdict(False, "", f"expected {want} ({tokenizer.decode(want)!r}), got {got!r}. Hint: append each "
                        "chosen token to the ids before the next forward pass; return only the new ones")

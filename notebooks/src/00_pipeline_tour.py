@@ -21,7 +21,7 @@ import torch
 import matplotlib.pyplot as plt
 import course_lib
 from course_lib.runtime import stopwatch
-from course_lib.forward import logits_to_probs, top_candidates, entropy_bits
+from course_lib.forward import probabilities, top_candidates, entropy_bits
 from course_lib.generation import generate, end_of_turn_ids
 from course_lib import plots
 
@@ -123,7 +123,7 @@ print("layers:", model.config.num_hidden_layers, "| logits shape (B, T, V):", tu
 
 # %%
 with stopwatch(device) as t:
-    probs = logits_to_probs(logits[0, -1])  # (V,)
+    probs = probabilities(logits[0, -1])  # (V,)
     first = int(probs.argmax())
 times["5 sample first token"] = t["seconds"]
 top10 = top_candidates(tokenizer, probs.cpu(), k=10)
@@ -225,6 +225,7 @@ print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens
 # | 6-8 Loop, stop, detokenize, stream | 06 generation and streaming |
 # | The loop made fast | 07 KV cache, 08 prefill and decode, 09 batching |
 # | 1 and 8 over the network | 10 serving |
+# | Part II: the engine, built | 11 the model written out, with its own KV cache |
 
 # %% [markdown]
 # ---

@@ -17,9 +17,9 @@ import matplotlib.pyplot as plt
 import torch
 import course_lib
 from course_lib import plots
-from course_lib.forward import (parameter_map, memory_by_dtype, capture_shapes, layer_outputs, logit_lens,
-                                forward_logits, logits_to_probs, top_candidates, entropy_bits, block_by_hand,
-                                flops_per_token)
+from course_lib.forward import forward_logits, probabilities, top_candidates, entropy_bits
+from course_lib.anatomy import (parameter_map, memory_by_dtype, capture_shapes, layer_outputs,
+                               logit_lens, block_by_hand, flops_per_token)
 from course_lib.loading import GGUF_BYTES
 from course_lib.runtime import time_it
 
@@ -108,7 +108,7 @@ plt.show()
 # %%
 all_logits = forward_logits(model, ids)[0]  # (T, V): one pass, every position (section 4 reuses it)
 logits = all_logits[-1]  # (V,) the next token after the whole prompt
-probs = logits_to_probs(logits)
+probs = probabilities(logits)
 for c in top_candidates(tokenizer, probs, k=8):
     print(f"{c.text!r:<12} logit {logits[c.token_id]:7.2f}  p {c.prob:.3f}  log p {torch.log(torch.tensor(c.prob)):7.2f}")
 print(f"entropy {entropy_bits(probs):.2f} bits")
@@ -187,8 +187,11 @@ for layer in [0, 1, 14, 29]:
 #
 # ## 7. What a forward pass costs
 #
-# Each weight is used once per token, for a multiply and an add: about **2 floating-point operations
-# per parameter per token** (the embedding is a lookup, so it is left out). Against the measured time:
+# Each weight in a matrix product is used once per token, for a multiply and an add: about **2
+# floating-point operations per weight per token**. The embedding lookup is not a product, but the
+# output head is: a full vocabulary x hidden product for every token. Tied to the embedding, its
+# weights are counted once among the parameters, yet the work is done, so `flops_per_token` counts it
+# (leaving it out would make the figure about 21% low). Against the measured time:
 
 # %%
 flops = flops_per_token(total, cfg.vocab_size * cfg.hidden_size)

@@ -22,7 +22,8 @@ import torch
 import course_lib
 from course_lib import plots
 from course_lib.attention import attention_weights, attention_by_hand, kv_groups, top_attended, time_scores
-from course_lib.forward import layer_outputs, forward_logits, logits_to_probs, top_candidates
+from course_lib.forward import forward_logits, probabilities, top_candidates
+from course_lib.anatomy import layer_outputs
 
 model, tokenizer = course_lib.load_model(attn_implementation="eager", dtype="float32")  # float32: exact comparisons
 cfg = model.config
@@ -111,7 +112,7 @@ t_weights = attention_weights(model, t_ids)
 for layer, head, w in top_attended(t_weights, t_tokens.index(" France"), t_tokens.index(" capital"), k=3):
     print(f"twin: ' France' -> ' capital': layer {layer:>2}, head {head}: {w:.2f}")
 for text in ["The capital of France is", "The capital gains tax in France is"]:
-    probs = logits_to_probs(forward_logits(model, pieces(text)[0])[0, -1])
+    probs = probabilities(forward_logits(model, pieces(text)[0])[0, -1])
     print(f"{text!r:<38} ->", [(c.text, round(c.prob, 3)) for c in top_candidates(tokenizer, probs, 6)])
 
 # %% [markdown]

@@ -18,14 +18,12 @@ import torch
 from IPython.display import display, Markdown
 import course_lib
 from course_lib import plots
-from course_lib.context import context_ids
+from course_lib.context import chat_ids
 from course_lib.generation import (generate, stream, naive_pieces,
                                    IncrementalDecoder, end_of_turn_ids)
 
 model, tokenizer = course_lib.load_model()
-def chat(question, system="You are a helpful assistant."):
-    return context_ids(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": question}])
-question_ids = chat("What is the capital of France?")
+question_ids = chat_ids(tokenizer, "What is the capital of France?", system="You are a helpful assistant.")
 
 # %% [markdown]
 # ## 1. The loop, written out
@@ -89,7 +87,7 @@ for kwargs in [dict(max_new_tokens=30), dict(max_new_tokens=4), dict(max_new_tok
 # tokenizer splits into several byte-level tokens:
 
 # %%
-hello_ids = chat("What is 'hello' in Chinese?")
+hello_ids = chat_ids(tokenizer, "What is 'hello' in Chinese?", system="You are a helpful assistant.")
 answer = generate(model, tokenizer, hello_ids, max_new_tokens=40)
 pieces = naive_pieces(tokenizer, answer.token_ids)
 print("naive stream:", "|".join(pieces))
@@ -132,7 +130,7 @@ print("fixed:", "|".join(p for p in (decoder.push(t) for t in line_ids) if p))
 # by piece below (in a rendered page you see the final text).
 
 # %%
-story_ids = chat("Write a short story about a robot who learns to paint.")
+story_ids = chat_ids(tokenizer, "Write a short story about a robot who learns to paint.", system="You are a helpful assistant.")
 handle = display(Markdown("…"), display_id=True)
 shown = ""
 for piece in stream(model, tokenizer, story_ids, max_new_tokens=120):

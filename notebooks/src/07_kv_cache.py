@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import torch
 import course_lib
 from course_lib import plots, plots_perf
-from course_lib.bench import story_ids, filler_ids
+from course_lib.context import story_ids, filler_ids
 from course_lib.generation import prefill, decode_step
 from course_lib.kv_cache import (run_with_cache, run_without_cache, positions_processed, kv_bytes_per_token,
                                  model_kv_bytes_per_token, cache_bytes, Request, simulate_budget)

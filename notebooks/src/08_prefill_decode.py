@@ -21,7 +21,7 @@ import course_lib
 from course_lib import plots
 from course_lib.bench import prefill_seconds, decode_seconds, memory_bandwidth, weight_bytes
 from course_lib.kv_cache import model_kv_bytes_per_token
-from course_lib.forward import flops_per_token
+from course_lib.anatomy import flops_per_token
 from course_lib.runtime import describe_device
 
 model, tokenizer = course_lib.load_model()

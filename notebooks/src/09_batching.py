@@ -18,15 +18,13 @@ import matplotlib.pyplot as plt
 import course_lib
 from course_lib import plots_perf
 from course_lib.batching import left_pad, padding_waste, generate_static, Job, run_schedule, throughput_latency
-from course_lib.context import context_ids
+from course_lib.context import chat_ids
 from course_lib.generation import generate
 
 model, tokenizer = course_lib.load_model()
-def chat(q):
-    return context_ids(tokenizer, [{"role": "user", "content": q}])
 questions = ["What is the capital of France?", "Write a short story about a robot who learns to paint.",
              "What is 2 + 2?", "Give me three tips for staying focused while studying at home."]
-prompts = [chat(q) for q in questions]
+prompts = [chat_ids(tokenizer, q) for q in questions]
 print("prompt lengths:", [len(p) for p in prompts])
 
 # %% [markdown]

@@ -33,12 +33,13 @@ print("serving at", server.url)
 # ## 1. A request, the way every chat product sends one
 #
 # The endpoint is `POST /v1/chat/completions`, with the same JSON shape as OpenAI's API, so the
-# official client works unchanged: only the base URL points here.
+# official client works unchanged: only the base URL points here. The defaults are OpenAI's too
+# (`temperature` 1: sampled), so where we want the repeatable greedy answer we say `temperature=0`.
 
 # %%
 client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed-locally")
 reply = client.chat.completions.create(
-    model="smollm2-135m-instruct",
+    model="smollm2-135m-instruct", temperature=0,
     messages=[{"role": "system", "content": "You are a helpful assistant."},
               {"role": "user", "content": "What is the capital of France?"}])
 print(repr(reply.choices[0].message.content), "| finish:", reply.choices[0].finish_reason, "|", reply.usage)
@@ -65,7 +66,7 @@ print(f"\n\nfirst piece after {arrivals[0] * 1000:.0f} ms, then one every {stati
 # The same stream without the client library, as raw HTTP: each event is a line starting with `data: `.
 
 # %%
-body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True}
+body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True, "temperature": 0}
 with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
     for line in response.iter_lines():
         if line:
@@ -83,7 +84,7 @@ with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeou
 # %%
 def one_client(i, results):
     t0, first, n = time.perf_counter(), None, 0
-    for chunk in client.chat.completions.create(model="m", stream=True, max_tokens=40,
+    for chunk in client.chat.completions.create(model="smollm2-135m-instruct", stream=True, max_tokens=40,
                                                 messages=[{"role": "user", "content": f"Tell me a fact about the number {i}."}]):
         if chunk.choices[0].delta.content:
             first, n = first or time.perf_counter() - t0, n + 1

@@ -1,0 +1,146 @@
+"""Lesson 11: the model written out equals the library's, its cache behaves, and it runs under the one loop."""
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from course_lib.batching import generate_static
+from course_lib.context import filler_ids, story_ids
+from course_lib.generation import decode_step, generate, prefill, stream
+from course_lib.kv_cache import KVCache, cache_bytes, model_kv_bytes_per_token
+from course_lib.model import Model, load, parameter_count
+
+from conftest import chat_ids
+
+EXAMPLES = ["What is the capital of France?", "What is the capital gains tax in France?",
+            "The bank is closed because they had no money left."]
+
+
+@pytest.fixture(scope="module")
+def ours(model):
+    return Model.from_transformers(model)
+
+
+def library_logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids])).logits[0].float()  # (T, V)
+
+
+@pytest.mark.parametrize("question", EXAMPLES)
+def test_logits_match_the_library_at_every_position(model, tokenizer, ours, question):
+    ids = chat_ids(tokenizer, question)
+    mine = ours(input_ids=torch.tensor([ids]), logits_to_keep=0).logits[0]  # (T, V)
+    assert mine.shape == (len(ids), model.config.vocab_size)
+    assert (mine - library_logits(model, ids)).abs().max() < 1e-4
+
+
+def test_logits_match_on_a_long_prompt(model, tokenizer, ours):
+    ids = filler_ids(tokenizer, 1200)
+    mine = ours(input_ids=torch.tensor([ids]), logits_to_keep=0).logits[0]
+    assert (mine - library_logits(model, ids)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("question", EXAMPLES)
+def test_greedy_tokens_equal_model_generate(model, tokenizer, ours, question):
+    ids = chat_ids(tokenizer, question)
+    with torch.inference_mode():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+    assert generate(ours, tokenizer, ids, 32).token_ids == theirs
+
+
+@pytest.mark.slow
+def test_a_256_token_story_is_identical(model, tokenizer, ours):
+    ids = story_ids(tokenizer)
+    with torch.inference_mode():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=256, min_new_tokens=256, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+    assert generate(ours, tokenizer, ids, 256, stop_ids=()).token_ids == theirs
+
+
+def test_bfloat16_keeps_the_top_token(model, tokenizer):
+    half = Model.from_transformers(model, dtype=torch.bfloat16)
+    for question in EXAMPLES:
+        ids = chat_ids(tokenizer, question)
+        full = library_logits(model, ids)[-1]
+        mine = half(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        assert int(mine.argmax()) == int(full.argmax())
+        assert (mine - full).abs().max() < 1.5  # measured: about 0.3-0.8 on these prompts
+
+
+def test_loaded_from_the_weight_cache_equals_from_the_library(model, tokenizer, ours):
+    direct = load(device="cpu")
+    ids = chat_ids(tokenizer, EXAMPLES[0])
+    a = direct(input_ids=torch.tensor([ids])).logits
+    b = ours(input_ids=torch.tensor([ids])).logits
+    assert torch.equal(a, b)
+    assert parameter_count(direct) == 134_515_008
+
+
+def test_prefill_and_decode_on_our_cache_match_a_full_forward(model, tokenizer, ours):
+    ids = chat_ids(tokenizer, EXAMPLES[0])
+    full = library_logits(model, ids + [504, 3575])  # (T + 2, V)
+    logits, cache = prefill(ours, ids)
+    assert isinstance(cache, KVCache) and cache.length == len(ids)
+    assert (logits[0] - full[len(ids) - 1]).abs().max() < 1e-4
+    logits, cache = decode_step(ours, [504], cache)
+    assert (logits[0] - full[len(ids)]).abs().max() < 1e-4
+    logits, cache = decode_step(ours, [3575], cache)
+    assert (logits[0] - full[len(ids) + 1]).abs().max() < 1e-4 and cache.length == len(ids) + 2
+
+
+def test_cache_memory_is_the_lesson_07_formula(model, ours):
+    cache = ours.new_cache(2, 100)
+    per_token = model_kv_bytes_per_token(model.config, torch.float32)
+    assert cache.nbytes() == cache_bytes(cache) == cache.formula_bytes() == 2 * 100 * per_token
+
+
+def test_rollback_is_one_assignment_and_recomputes_the_same(tokenizer, ours):
+    ids = chat_ids(tokenizer, EXAMPLES[0])
+    logits, cache = prefill(ours, ids)
+    first, _ = decode_step(ours, [504], cache)
+    decode_step(ours, [999], cache)  # a token we then take back
+    cache.rollback(len(ids))
+    again, _ = decode_step(ours, [504], cache)
+    assert torch.equal(first, again) and cache.length == len(ids) + 1
+    with pytest.raises(ValueError, match="roll back"):
+        cache.rollback(cache.length + 1)
+
+
+def test_cache_grows_when_full_and_keeps_what_it_held(tokenizer, ours):
+    ids = chat_ids(tokenizer, EXAMPLES[0])
+    small = ours.new_cache(1, len(ids))  # exactly the prompt: the first decode step must grow it
+    logits, cache = prefill(ours, ids, small)
+    logits, cache = decode_step(ours, [504], cache)
+    big_logits, big = prefill(ours, ids, ours.new_cache(1, len(ids) + 10))
+    big_logits, big = decode_step(ours, [504], big)
+    assert cache.capacity == 2 * len(ids) and torch.equal(logits, big_logits)
+
+
+def test_stream_and_stop_strings_work_on_our_model(tokenizer, ours):
+    ids = chat_ids(tokenizer, EXAMPLES[0])
+    s = stream(ours, tokenizer, ids, 30)
+    text = "".join(s)
+    assert text == "The capital of France is Paris." and s.result.stop_reason == "end_of_turn"
+    stopped = generate(ours, tokenizer, ids, 30, stop_strings=["France"])
+    assert stopped.stop_reason == "stop_string" and stopped.text.endswith("France")
+
+
+def test_batching_on_our_model_equals_each_alone(tokenizer, ours):
+    prompts = [chat_ids(tokenizer, q, system=None) for q in EXAMPLES + ["Hi"]]
+    batched = generate_static(ours, tokenizer, prompts, max_new_tokens=16)
+    for p, b in zip(prompts, batched):
+        assert b == generate(ours, tokenizer, p, 16).token_ids
+
+
+def test_one_place_calls_the_model():
+    """generation.run_model is the only inference call; the others are the no-cache run (lesson 07) and
+    the anatomy views that look inside one pass with hooks (lessons 03-04)."""
+    root = Path(__file__).resolve().parents[1] / "course_lib"
+    calls = {}
+    for path in root.rglob("*.py"):
+        n = len(re.findall(r"model\(input_ids=", path.read_text()))
+        if n:
+            calls[str(path.relative_to(root))] = n
+    assert calls == {"generation.py": 2, "kv_cache.py": 1, "anatomy.py": 2, "attention.py": 1, "model.py": 1}, calls
