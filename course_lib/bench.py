@@ -49,12 +49,11 @@ def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> lis
     return out
 
 
-def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 256, repeats: int = 5) -> float:
-    """Bytes per second moved by copying a large tensor (each byte read once and written once)."""
-    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = time_it(lambda: dst.copy_(src), device, repeats=repeats).best
-    return 2 * src.numel() * 4 / best
+def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 1024, repeats: int = 3) -> float:
+    """Bytes per second this machine streams from memory, measured the way decode reads weights: a sum over a
+    buffer far larger than the caches (formats.read_bandwidth; lessons 08 and 12 use the same ceiling)."""
+    from .formats import read_bandwidth
+    return read_bandwidth(megabytes, repeats, device)
 
 
 def loop_vs_generate(model, tokenizer, prompt_ids: list[int], n_new: int, repeats: int = 3) -> dict:
@@ -97,6 +96,44 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
             "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"]}
 
 
+def formats_section(model, tokenizer, quick: bool = False) -> dict:
+    """Lesson 12: every weight format of our model, batch 1: bytes per token, decode tokens per second (the
+    median gap between tokens, prefill excluded, as for model.generate beside it), and quality against
+    float32 on the bench's prompts (teacher-forced top-1 agreement and mean KL over the answers)."""
+    from .context import chat_ids
+    from .engine_speed import generate_exact, library_step_seconds, our_step_seconds
+    from .formats import FORMATS, agreement, convert, read_bandwidth
+    from .model import Model
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    reference = Model.from_transformers(model, dtype=torch.float32)
+    library = model if model.dtype == torch.float32 else model.float()
+    prompt, n = story_ids(tokenizer), 6 if quick else 48
+    questions = ["What is the capital of France?", "What is the capital gains tax in France?",
+                 "The bank is closed because they had no money left."]
+    prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in questions] + [prompt]
+    sequences = [p + generate_exact(reference, tokenizer, p, 8 if quick else 32) for p in prompts]
+    library_step_seconds(library, prompt, 3)  # warm-up
+    generate_tps = 1 / median(library_step_seconds(library, prompt, n + 1))
+    rows, greedy32 = [], generate_exact(reference, tokenizer, prompt, n)
+    for name in FORMATS:
+        fmt = reference if name == "float32" else convert(reference, name)
+        our_step_seconds(fmt, tokenizer, prompt, 3)  # warm-up
+        gaps = our_step_seconds(fmt, tokenizer, prompt, n + 1)
+        quality = {"top1_agreement": 1.0, "kl": 0.0} if name == "float32" else \
+            agreement(reference, fmt, sequences, [len(p) - 1 for p in prompts])
+        tps = 1 / median(gaps)
+        rows.append({"name": name, "weight_bytes": fmt.weight_bytes(), "tokens_per_s": tps,
+                     "top1_agreement": quality["top1_agreement"], "kl": quality["kl"],
+                     "bandwidth_bytes_per_s": fmt.weight_bytes() * tps,
+                     "same_greedy_tokens": generate_exact(fmt, tokenizer, prompt, n) == greedy32})
+    fastest = max(rows, key=lambda r: r["tokens_per_s"])
+    return {"formats": rows, "threads": torch.get_num_threads(), "new_tokens": n,
+            "generate_tokens_per_s": generate_tps, "read_bandwidth_bytes_per_s": read_bandwidth(256 if quick else 1024),
+            "fastest": {"name": fastest["name"], "tokens_per_s": fastest["tokens_per_s"],
+                        "ratio_to_generate": fastest["tokens_per_s"] / generate_tps,
+                        "top1_agreement": fastest["top1_agreement"]}}
+
+
 def _load_section(model, tokenizer, quick):
     from .loading import time_cached_load
     return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
@@ -105,10 +142,10 @@ def _load_section(model, tokenizer, quick):
 def _decode_section(model, tokenizer, quick):
     contexts = [16, 256] if quick else [16, 256, 1024, 4096]
     step = decode_seconds(model, tokenizer, contexts)
-    bandwidth = memory_bandwidth(model.device, 64 if quick else 512)
+    bandwidth = memory_bandwidth(model.device, 128 if quick else 1024)
     achieved = weight_bytes(model) / step[0]
     return {"decode": [{"context": c, "seconds_per_token": s} for c, s in zip(contexts, step)],
-            "bandwidth": {"weight_bytes": weight_bytes(model), "measured_copy_bytes_per_s": bandwidth,
+            "bandwidth": {"weight_bytes": weight_bytes(model), "measured_read_bytes_per_s": bandwidth,
                           "decode_achieved_bytes_per_s": achieved, "utilisation": achieved / bandwidth}}
 
 
@@ -153,6 +190,7 @@ SECTIONS = {
         "ms_per_token_at_100": detokenize_ms_per_token(t, 100),
         "ms_per_token_at_8000": detokenize_ms_per_token(t, 1000 if q else 8000)}}),
     "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
+    "formats": ("lesson 12: weight formats, speed and quality", lambda m, t, q: {"formats": formats_section(m, t, q)}),
 }
 
 
@@ -217,6 +255,11 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                     f"{e['ratio']:.2f}x (same tokens: {e['same_tokens']})", e["ratio"] >= 1.0 and e["same_tokens"]))
         out.append((f"engine: at least 1.3x faster decode after {e['long_context_tokens']} tokens",
                     f"{e['long_context_ratio']:.2f}x", e["long_context_ratio"] >= 1.3))
+    if "formats" in result:
+        f = result["formats"]["fastest"]
+        out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
+                    f"{f['ratio_to_generate']:.2f}x, agreement {f['top1_agreement']:.2f}",
+                    f["ratio_to_generate"] >= 3.5 and f["top1_agreement"] >= 0.9))
     return out
 
 
@@ -237,7 +280,7 @@ def format_report(result: dict) -> str:
         lines.append("decode:  " + ", ".join(f"ctx {d['context']} {d['seconds_per_token'] * 1000:.1f} ms/tok"
                                              for d in result["decode"]))
         bw = result["bandwidth"]
-        lines.append(f"bandwidth: copy {bw['measured_copy_bytes_per_s'] / 1e9:.1f} GB/s, decode reads weights at "
+        lines.append(f"bandwidth: streaming read {bw['measured_read_bytes_per_s'] / 1e9:.1f} GB/s, decode reads weights at "
                      f"{bw['decode_achieved_bytes_per_s'] / 1e9:.1f} GB/s -> utilisation {bw['utilisation']:.0%}")
     if "engine" in result:
         e = result["engine"]
@@ -245,6 +288,13 @@ def format_report(result: dict) -> str:
                      f"({e['ratio']:.2f}x), reading weights at {e['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; after "
                      f"{e['long_context_tokens']} tokens {e['long_context_ms_per_token']:.1f} vs "
                      f"{e['long_context_generate_ms_per_token']:.1f} ms/token ({e['long_context_ratio']:.2f}x)")
+    if "formats" in result:
+        f = result["formats"]
+        lines.append(f"formats (decode, median gap; model.generate {f['generate_tokens_per_s']:.1f} tok/s; "
+                     f"read ceiling {f['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s):")
+        lines += [f"  {r['name']:<13} {r['weight_bytes'] / 1e6:6.1f} MB/token {r['tokens_per_s']:6.1f} tok/s "
+                  f"{r['bandwidth_bytes_per_s'] / 1e9:5.1f} GB/s  top-1 {r['top1_agreement']:.3f}  KL {r['kl']:.4f}"
+                  for r in f["formats"]]
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)

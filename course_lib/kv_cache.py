@@ -167,7 +167,9 @@ class TimedRun:
 
 @torch.inference_mode()
 def run_with_cache(model, prompt_ids, n_new: int) -> TimedRun:
-    """prefill once, then one decode_step per new token; no stop token, exactly n_new tokens."""
+    """prefill once, then one decode_step per new token; no stop token, exactly n_new tokens. Each token's
+    time is the forward pass that produced its logits plus the pick (the first: prefill), so the last
+    token is a step like the others (no forward pass is run for a token nobody will read)."""
     from .generation import check_request, decode_step, prefill
     from .sampling import greedy
     ids = check_request(model, prompt_ids, n_new)
@@ -176,11 +178,11 @@ def run_with_cache(model, prompt_ids, n_new: int) -> TimedRun:
     start = time.perf_counter()
     logits, cache = prefill(model, ids, capacity=len(ids) + n_new)
     for i in range(n_new):
+        if i:
+            logits, cache = decode_step(model, [token], cache)  # the step that produces token i
+            run.positions_processed += 1
         token, _ = greedy(logits[0])
         run.token_ids.append(token)
-        if i + 1 < n_new:
-            logits, cache = decode_step(model, [token], cache)
-            run.positions_processed += 1
         synchronize(model.device)
         now = time.perf_counter()
         run.seconds.append(now - start)
@@ -255,43 +257,71 @@ class Outcome:
     status: dict[str, str] = field(default_factory=dict)  # name -> "finished", "rejected", "evicted"
     usage: list[int] = field(default_factory=list)  # tokens held in the cache at each tick
     active: list[list[str]] = field(default_factory=list)  # who held memory at each tick
+    lost: int = 0  # tokens computed, then thrown away (evicted, or preempted and recomputed later)
+    preempted: dict[str, int] = field(default_factory=dict)  # name -> times it was preempted
+
+    @property
+    def finished(self) -> int:
+        return sum(1 for v in self.status.values() if v == "finished")
+
+
+POLICIES = ("reject", "evict", "preempt")
 
 
 def simulate_budget(requests: list[Request], budget_tokens: int, policy: str) -> Outcome:
     """A server whose KV memory holds `budget_tokens` tokens, one tick per decode step.
-    "reject": admit a request only if its prompt plus its full answer can be reserved; otherwise turn it
-    away. "evict": admit whenever the prompt fits, and when memory runs out drop the oldest conversations."""
-    if policy not in ("reject", "evict"):
-        raise ValueError("policy must be 'reject' or 'evict'")
-    if budget_tokens < 1:
-        raise ValueError("the budget must hold at least one token")
-    out, running = Outcome(), {}  # name -> [request, tokens held]
-    held = lambda: sum(h for _, h in running.values())  # noqa: E731
+    "reject": admit a request only if its prompt plus its full answer can be reserved; otherwise turn it away.
+    "evict": admit whenever the prompt fits; when memory runs out drop the oldest conversations (lost for good).
+    "preempt" (what vLLM does): admit whenever the prompt fits; when memory runs out, pause the most recently
+    admitted request, free its memory, and put it first in the queue: when memory frees up it is readmitted
+    and its prompt and the tokens it had already produced are computed again (the work lost), then it goes on."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not isinstance(budget_tokens, int) or isinstance(budget_tokens, bool) or budget_tokens < 1:
+        raise ValueError(f"the budget must be a whole number of tokens >= 1, got {budget_tokens!r}")
+    out, running, waiting = Outcome(), {}, []  # running: name -> [request, tokens held, generated]; waiting FIFO
+    held = lambda: sum(h for _, h, _ in running.values())  # noqa: E731
     oldest = lambda: min(running, key=lambda n: running[n][0].arrival)  # noqa: E731
-    for tick in range(max(r.arrival + r.answer for r in requests) + 1):
-        for req in (r for r in requests if r.arrival == tick):
-            if policy == "reject":
-                reserved = sum(r.prompt + r.answer for r, _ in running.values())
+    arrivals = sorted(requests, key=lambda r: r.arrival)
+    tick, limit = 0, max(r.arrival for r in requests) + 20 * sum(r.prompt + r.answer for r in requests)
+    while (arrivals or running or waiting) and tick < limit:
+        while arrivals and arrivals[0].arrival == tick:
+            req = arrivals.pop(0)
+            if req.prompt > budget_tokens:
+                out.status[req.name] = "rejected"
+            elif policy == "reject":
+                reserved = sum(r.prompt + r.answer for r, _, _ in running.values())
                 if reserved + req.prompt + req.answer > budget_tokens:
                     out.status[req.name] = "rejected"
-                    continue
-            else:
+                else:
+                    running[req.name] = [req, req.prompt, 0]
+            elif policy == "evict":
                 while running and held() + req.prompt > budget_tokens:
-                    out.status[(victim := oldest())] = "evicted"
-                    del running[victim]
-                if req.prompt > budget_tokens:
-                    out.status[req.name] = "rejected"
-                    continue
-            running[req.name] = [req, req.prompt]
+                    victim = oldest()
+                    out.status[victim], out.lost = "evicted", out.lost + running.pop(victim)[1]
+                running[req.name] = [req, req.prompt, 0]
+            else:
+                waiting.append([req, 0])
+        while policy == "preempt" and waiting and held() + waiting[0][0].prompt + waiting[0][1] <= budget_tokens:
+            req, generated = waiting.pop(0)  # (re)admitted: prompt and earlier tokens prefilled again
+            running[req.name] = [req, req.prompt + generated, generated]
         for name in list(running):  # each running conversation decodes one token per tick
-            req, _ = running[name]
-            running[name][1] += 1
-            if running[name][1] - req.prompt >= req.answer:
+            entry = running[name]
+            entry[1], entry[2] = entry[1] + 1, entry[2] + 1
+            if entry[2] >= entry[0].answer:
                 out.status[name] = "finished"
                 del running[name]
-        while held() > budget_tokens:  # only the evict policy can overflow
-            out.status[(victim := oldest())] = "evicted"
-            del running[victim]
+        while held() > budget_tokens:  # evict and preempt can overflow while answers grow
+            if policy == "evict":
+                victim = oldest()
+                out.status[victim], out.lost = "evicted", out.lost + running.pop(victim)[1]
+            else:
+                victim = list(running)[-1]  # the most recently admitted
+                req, tokens, generated = running.pop(victim)
+                out.lost += tokens
+                out.preempted[victim] = out.preempted.get(victim, 0) + 1
+                waiting.insert(0, [req, generated])
         out.usage.append(held())
         out.active.append(sorted(running))
+        tick += 1
     return out

@@ -54,14 +54,22 @@ def plot_budget_runs(outcomes: dict, budget: int, names: list[str]):
         for i, name in enumerate(names):
             ticks = [t for t, active in enumerate(out.active) if name in active]
             status = out.status.get(name, "running")
-            if ticks:
-                ax.barh(i, ticks[-1] - ticks[0] + 1, left=ticks[0], color=colours.get(status, PALETTE[4]))
-            ax.text(ax.get_xlim()[1] if not ticks else ticks[-1] + 2, i, status, va="center", fontsize=8)
+            runs = []  # contiguous stretches: a preempted request holds memory in several
+            for t in ticks:
+                if runs and t == runs[-1][0] + runs[-1][1]:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([t, 1])
+            if runs:
+                ax.broken_barh([tuple(r) for r in runs], (i - 0.4, 0.8), color=colours.get(status, PALETTE[4]))
+            label = status + (f" (preempted {out.preempted[name]}x)" if out.preempted.get(name) else "")
+            ax.text(ax.get_xlim()[1] if not ticks else ticks[-1] + 2, i, label, va="center", fontsize=8)
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.set_xlim(0, len(out.usage) + 12)
         ax.set_xlabel("time (decode steps)")
-        ax.set_title(f"policy '{policy}': when each request held memory")
+        ax.set_title(f"policy '{policy}': when each request held memory ({out.finished} finished, "
+                     f"{out.lost} tokens of work lost)")
     return fig
 
 
@@ -153,6 +161,26 @@ def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "W
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
     ax.set_xlabel("ms per decode step (operator self-time, torch.profiler)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_roofline(names: list[str], bytes_per_token: list[float], ms_per_token: list[float], read_bytes_per_s: float,
+                  ax=None, title: str = "Decode: time per token against bytes per token"):
+    """One point per weight format, on log-log axes; the line is the time a measured read bandwidth predicts
+    (bytes / bandwidth): a point on it is bound by memory, a point above it by its kernel."""
+    ax = axes_or_new(ax, (7, 4))
+    lo, hi = min(bytes_per_token) / 1.5, max(bytes_per_token) * 1.5
+    ax.plot([lo / 1e6, hi / 1e6], [lo / read_bytes_per_s * 1000, hi / read_bytes_per_s * 1000], "--",
+            color=PALETTE[7], label=f"reading at {read_bytes_per_s / 1e9:.1f} GB/s (measured)")
+    for i, (name, b, ms) in enumerate(zip(names, bytes_per_token, ms_per_token)):
+        ax.scatter([b / 1e6], [ms], color=PALETTE[i % len(PALETTE)], zorder=3)
+        ax.annotate(name, (b / 1e6, ms), textcoords="offset points", xytext=(5, 4), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("MB read per token (every weight once)")
+    ax.set_ylabel("ms per decode step")
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title)
     return ax

@@ -200,10 +200,11 @@ class Reshaped:
     choices_after: float
 
 
-def reshape(logits: torch.Tensor, config: SamplingConfig, show: int = 12) -> Reshaped:
-    """Before/after probabilities of the `show` most likely tokens, plus the effective number of choices."""
+def reshape(logits: torch.Tensor, config: SamplingConfig, show: int = 12, previous_ids=()) -> Reshaped:
+    """Before/after probabilities of the `show` most likely tokens, plus the effective number of choices.
+    previous_ids: the tokens seen so far, for the repetition penalty."""
     before = _check_logits(logits).softmax(dim=-1)  # (V,)
-    after = logits_to_probs(logits, config)  # (V,)
+    after = logits_to_probs(logits, config, previous_ids)  # (V,)
     ids = torch.topk(before, show).indices
     return Reshaped(ids.tolist(), before[ids].tolist(), after[ids].tolist(), int((after > 0).sum()),
                     effective_choices(before), effective_choices(after))

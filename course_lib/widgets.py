@@ -36,33 +36,37 @@ class SamplingExplorer:
     Moving a slider only re-filters those logits (a few milliseconds); the model runs only when you
     press "generate". `last_update_ms` records how long the last redraw took."""
 
-    def __init__(self, logits, labels: dict[int, str], generate_fn=None, show: int = 12, draws: int = 2000):
+    def __init__(self, logits, labels: dict[int, str], generate_fn=None, show: int = 12, draws: int = 2000,
+                 history=()):
         self.logits, self.labels, self.generate_fn, self.show, self.draws = logits, labels, generate_fn, show, draws
+        self.history = list(history)  # the tokens so far: what the repetition penalty pushes down
         style = {"description_width": "90px"}
         self.temperature = W.FloatSlider(value=1.0, min=0.0, max=2.0, step=0.05, description="temperature", style=style)
         self.top_k = W.IntSlider(value=0, min=0, max=50, description="top-k (0=off)", style=style)
         self.top_p = W.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p", style=style)
         self.min_p = W.FloatSlider(value=0.0, min=0.0, max=0.5, step=0.01, description="min-p", style=style)
+        self.penalty = W.FloatSlider(value=1.0, min=1.0, max=2.0, step=0.05, description="repetition", style=style)
         self.seed = W.IntText(value=0, description="seed", style=style, layout=W.Layout(width="180px"))
         self.draw_button = W.Button(description=f"draw {draws} samples")
         self.gen_button = W.Button(description="generate 3 continuations", disabled=generate_fn is None)
         self.bars, self.readout, self.text = W.HTML(), W.HTML(), W.Output()
         self.drawn = None
         self.last_update_ms = float("nan")
-        for control in (self.temperature, self.top_k, self.top_p, self.min_p):
+        for control in (self.temperature, self.top_k, self.top_p, self.min_p, self.penalty):
             control.observe(self.update, names="value")
         self.draw_button.on_click(self.draw)
         self.gen_button.on_click(self.generate)
         self.update()
 
     def config(self) -> SamplingConfig:
-        return SamplingConfig(self.temperature.value, self.top_k.value, self.top_p.value, self.min_p.value)
+        return SamplingConfig(self.temperature.value, self.top_k.value, self.top_p.value, self.min_p.value,
+                              self.penalty.value)
 
     def update(self, change=None):
         start = time.perf_counter()
         if change is not None:
             self.drawn = None  # old draws no longer match the setting
-        r = reshape(self.logits, self.config(), self.show)
+        r = reshape(self.logits, self.config(), self.show, self.history)
         self.bars.value = html_views.probability_bars([self.labels[i] for i in r.ids], r.before, r.after, self.drawn)
         self.readout.value = (f"<b>kept tokens:</b> {r.kept:,} of {self.logits.shape[-1]:,} · <b>effective choices</b> "
                               f"(2<sup>entropy</sup>): {r.choices_before:.1f} → {r.choices_after:.1f}")
@@ -71,7 +75,7 @@ class SamplingExplorer:
 
     def draw(self, _=None):
         generator = torch.Generator().manual_seed(self.seed.value)
-        tokens = sample(logits_to_probs(self.logits, self.config()), generator, self.draws)
+        tokens = sample(logits_to_probs(self.logits, self.config(), self.history), generator, self.draws)
         counts = torch.bincount(tokens, minlength=self.logits.shape[-1]).float() / self.draws
         self.drawn = counts[self.ids].tolist()
         self.update()
@@ -83,7 +87,7 @@ class SamplingExplorer:
                 print(f"[seed {self.seed.value + i}]", repr(self.generate_fn(self.config(), self.seed.value + i)))
 
     def widget(self) -> W.VBox:
-        controls = W.HBox([W.VBox([self.temperature, self.top_k]), W.VBox([self.top_p, self.min_p])])
+        controls = W.HBox([W.VBox([self.temperature, self.top_k, self.penalty]), W.VBox([self.top_p, self.min_p])])
         return W.VBox([controls, self.readout, self.bars, W.HBox([self.seed, self.draw_button, self.gen_button]),
                        self.text])
 

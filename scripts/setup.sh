@@ -21,9 +21,31 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 
+# torch first. On Linux without an NVIDIA GPU, the default index's torch is a CUDA build of several GB;
+# PyTorch's CPU wheel index has the same release as a CPU-only build of about 190 MB. Order: a wheel
+# already on this machine (pip's find-links), then the CPU index, then (unreachable) the default index.
+install_torch() {
+  local pin
+  pin="$(grep -E '^torch==' requirements.txt | cut -d' ' -f1)"
+  if .venv/bin/python -c "import torch" 2>/dev/null; then return 0; fi
+  if [ "$(uname -s)" != Linux ] || command -v nvidia-smi >/dev/null 2>&1 || [ "${COURSE_TORCH_INDEX:-}" = default ]; then
+    return 0  # a GPU wants the CUDA build; macOS and Windows wheels are CPU builds already
+  fi
+  if .venv/bin/python -m pip install --disable-pip-version-check -q --no-index "$pin" 2>/dev/null; then
+    echo "setup: installed $pin from a wheel already on this machine"
+    return 0
+  fi
+  echo "setup: no NVIDIA GPU found: installing the CPU-only build of $pin (about 190 MB instead of several GB)"
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -q --retries 1 --timeout 20 "$pin" \
+      --index-url https://download.pytorch.org/whl/cpu; then
+    echo "setup: PyTorch's CPU wheel index could not be reached; falling back to the default index" >&2
+  fi
+}
+
 # Reinstall only when the pinned list or the package metadata changed.
 stamp=".venv/.deps-$(cat requirements.txt pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
+  install_torch
   echo "setup: installing the pinned packages (requirements.txt)"
   .venv/bin/python -m pip install --disable-pip-version-check -q -r requirements.txt
   .venv/bin/python -m pip install --disable-pip-version-check -q --no-deps -e .

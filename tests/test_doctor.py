@@ -1,9 +1,12 @@
 import subprocess
 import sys
 
+import pytest
+
 from course_lib.doctor import Check, format_table, run_checks
 
 
+@pytest.mark.slow
 def test_doctor_passes_on_a_set_up_machine(smol):
     checks = run_checks()
     failed = [c for c in checks if not c.ok]
@@ -14,6 +17,7 @@ def test_doctor_passes_on_a_set_up_machine(smol):
     assert "Paris" in next(c.detail for c in checks if c.name == "generation")
 
 
+@pytest.mark.slow
 def test_doctor_fails_with_fixes_when_the_model_is_missing(tmp_path):
     env = {"COURSE_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "course_lib", "doctor"], capture_output=True, text=True,

@@ -194,3 +194,15 @@ def test_lesson11(model, tokenizer):
     assert not lesson11.check_rms_norm(lambda x, w, e: w * (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True), ours)
     assert not lesson11.check_rotate(lambda x, p: x, ours)  # right only at position 0
     assert not lesson11.check_cache_bytes(lambda b, t: s.cache_bytes(b, t) // 2, ours)  # forgot the values
+
+
+def test_lesson12():
+    from course_lib.exercises import lesson12
+    s = solution(12, None, None)
+    assert lesson12.check_predict(s.predict, 1e8, 1e10, 50.0)
+    assert lesson12.check_int8(s.quantize)
+    assert lesson12.check_block(s.block_params)
+    assert not lesson12.check_predict(lambda b, bw: b / bw, 1e8, 1e10, 50.0)
+    assert not lesson12.check_int8(lambda w: (torch.round(w / (w.abs().max() / 127)).to(torch.int8),
+                                              (w.abs().max() / 127).repeat(w.shape[0]) * 0 + 1))  # scale wrong
+    assert not lesson12.check_block(lambda w: ((w.max() - w.min()) / 16, w.min()))  # 16 steps instead of 15

@@ -48,7 +48,7 @@ TRACE = [Request("A", 0, 60, 80), Request("B", 5, 40, 120), Request("C", 12, 120
          Request("E", 30, 90, 50), Request("F", 45, 50, 40), Request("G", 60, 20, 30)]
 
 
-@pytest.mark.parametrize("policy", ["reject", "evict"])
+@pytest.mark.parametrize("policy", ["reject", "evict", "preempt"])
 def test_budget_is_never_exceeded(policy):
     out = simulate_budget(TRACE, 320, policy)
     assert max(out.usage) <= 320
@@ -71,3 +71,17 @@ def test_bad_policy_and_budget():
         simulate_budget(TRACE, 100, "panic")
     with pytest.raises(ValueError, match="budget"):
         simulate_budget(TRACE, 0, "reject")
+
+
+def test_preempt_finishes_every_request_and_counts_the_recomputed_work():
+    reject, evict, preempt = (simulate_budget(TRACE, 320, p) for p in ("reject", "evict", "preempt"))
+    assert preempt.finished == len(TRACE) and set(preempt.status.values()) == {"finished"}
+    assert preempt.preempted and preempt.lost > 0  # memory did run out, and the paused work was redone
+    assert evict.finished < len(TRACE) and evict.lost > 0 and reject.lost == 0
+    assert max(preempt.usage) <= 320
+
+
+def test_a_budget_that_is_not_a_positive_int_is_refused():
+    for bad in (True, 0, 2.5):
+        with pytest.raises(ValueError, match="budget"):
+            simulate_budget(TRACE, bad, "reject")

@@ -39,6 +39,7 @@ def test_local_folder_loads(model):
     other, _ = course_lib.load_model(str(loading.weights_cache_dir()), device="cpu", verbose=False)
     assert torch.equal(other.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
+@pytest.mark.slow
 def test_cached_weights_match_the_gguf_file(model):
     from transformers import AutoModelForCausalLM
     path = loading.gguf_path()
@@ -74,6 +75,7 @@ def real_gguf():
     assert path.exists(), "run make setup first"
     return path
 
+@pytest.mark.slow
 def test_corrupt_model_file_is_fetched_again_never_loaded(real_gguf, temp_cache):
     bad = loading.gguf_path()
     bad.parent.mkdir(parents=True)

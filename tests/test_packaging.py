@@ -18,7 +18,9 @@ def test_every_dependency_is_pinned():
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         spec = line.split("#")[0].strip()
         assert not spec or "==" in spec, spec
-    assert "torch==2.13.0" in _pins((ROOT / "requirements.txt").read_text())
+    pins = dict(p.split("==") for p in _pins((ROOT / "requirements.txt").read_text()))
+    import torch
+    assert torch.__version__.split("+")[0] == pins["torch"]  # the installed torch is the pinned one (a +cpu build counts)
 
 
 def test_ci_runs_the_readme_test_command():

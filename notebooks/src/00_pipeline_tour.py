@@ -15,6 +15,11 @@
 #
 # `load_model()` reads the model from the local cache that `make setup` built (no network), picks
 # the device (a CUDA GPU if there is one, else Apple's MPS, else the CPU) and prints what it chose.
+#
+# Where the weights come from: the course ships SmolLM2-135M-Instruct as a 4-bit GGUF file (the form
+# llama.cpp runs), and set-up expands those 4-bit values to float32 once. So every number in the course
+# is the 4-bit model's, computed in float32: close to the original release but not identical to it
+# (lesson 12 measures what the 4 bits cost).
 
 # %%
 import torch
@@ -225,7 +230,7 @@ print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens
 # | 6-8 Loop, stop, detokenize, stream | 06 generation and streaming |
 # | The loop made fast | 07 KV cache, 08 prefill and decode, 09 batching |
 # | 1 and 8 over the network | 10 serving |
-# | Part II: the engine, built | 11 the model written out, with its own KV cache |
+# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats) |
 
 # %% [markdown]
 # ---

@@ -40,9 +40,24 @@ line = "What is the capital of France?"
 display(HTML(html_views.compare(model_tokens(tokenizer, line), cl100k_tokens(line))))
 
 # %% [markdown]
-# The counts match here, but the IDs do not: the numbers a popular explainer prints for this question
-# belong to cl100k_base, and this model would read them as other words entirely. IDs only make sense
-# with the vocabulary they came from.
+# The counts match here, but the IDs do not. A popular explainer prints seven IDs for this question;
+# which tokenizer do they come from? We check them against both, position by position:
+
+# %%
+quoted = [1867, 374, 279, 6864, 315, 9822, 30]  # the explainer's IDs for "What is the capital of France?"
+ours, gpt4 = encode(tokenizer, line), cl100k().encode(line)
+print("explainer:", quoted, "\ncl100k:   ", gpt4, "\nSmolLM2:  ", ours)
+print(f"matches: cl100k {sum(a == b for a, b in zip(quoted, gpt4))} of 7, SmolLM2 {sum(a == b for a, b in zip(quoted, ours))} of 7")
+print(f"the first differs: cl100k reads {quoted[0]} as {cl100k().decode([quoted[0]])!r}, "
+      f"and writes 'What' as {gpt4[0]} ({cl100k().decode([gpt4[0]])!r})")
+for word in [" France", " capital"]:  # the explainer: France is 1 token, "capital" might be 2
+    print(f"{word!r}: {len(encode(tokenizer, word))} token(s) in SmolLM2, {len(cl100k().encode(word))} in cl100k")
+
+# %% [markdown]
+# So the explainer's IDs are cl100k_base's, with the first one wrong (the printed count above says how
+# many agree), and with a leading space " capital" is a single token in both tokenizers, as " France" is;
+# this model would read those IDs as other words entirely. IDs only make sense with the
+# vocabulary they came from.
 
 # %%
 multilingual = "Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!"

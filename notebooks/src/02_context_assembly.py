@@ -180,25 +180,28 @@ print("document:", repr(source))
 # %% [markdown]
 # ## 6. What goes wrong without the template
 #
-# The template is not decoration: the model was fine-tuned on exactly this format. Three ways to get
-# it wrong, each run on the real model:
+# The template is not decoration: the model was fine-tuned on exactly this format. Four ways to get
+# it wrong, each run on the real model beside the correct run:
 
 # %%
 question = "What is the capital of France?"
-raw = generate(model, tokenizer, tokenizer(question)["input_ids"], max_new_tokens=40)
-print("1. raw text, no template      ->", repr(raw.text), "| stop:", raw.stop_reason, "| tokens:", len(raw.token_ids))
 msgs = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": question}]
-no_gen = generate(model, tokenizer, context_ids(tokenizer, msgs, add_generation_prompt=False), max_new_tokens=40)
-print("2. no generation prompt       ->", repr(tokenizer.decode(no_gen.token_ids)))
+runs = {"0. correct (template, generation prompt)": generate(model, tokenizer, context_ids(tokenizer, msgs), 40),
+        "1. raw text, no template": generate(model, tokenizer, tokenizer(question)["input_ids"], 40),
+        "2. no generation prompt": generate(model, tokenizer, context_ids(tokenizer, msgs, add_generation_prompt=False), 40)}
 broken = render(tokenizer, msgs).replace(question + "<|im_end|>", question)
-no_end = generate(model, tokenizer, tokenizer(broken)["input_ids"], max_new_tokens=40)
-print("3. missing end-of-turn token  ->", repr(no_end.text))
+runs["3. missing end-of-turn token"] = generate(model, tokenizer, tokenizer(broken)["input_ids"], 40)
+runs["4. end-of-turn not in the stop set"] = generate(model, tokenizer, context_ids(tokenizer, msgs), 40, stop_ids=())
+for name, r in runs.items():
+    print(f"{name:<42} stop: {r.stop_reason:<15} {len(r.token_ids):>2} tokens  {tokenizer.decode(r.token_ids)[:90]!r}")
 
 # %% [markdown]
-# What the model does here is what this run shows: with raw text, a chat-tuned model may end its
-# turn at once or ramble; without the generation prompt it has to guess who speaks next, and may write
-# the missing role header itself (visible above with special tokens kept); a missing `<|im_end|>` can
-# be forgiven by a tolerant model on a short question, but it blurs where the user's turn ends.
+# What the model does here is what this run shows (special tokens kept, so you can see them): with raw
+# text, a chat-tuned model may end its turn at once or ramble; without the generation prompt it has to
+# guess who speaks next, and may write the missing role header itself; a missing `<|im_end|>` can be
+# forgiven by a tolerant model on a short question, but it blurs where the user's turn ends. And when
+# the loop does not stop on `<|im_end|>` (case 4), the model writes it, then goes on past its own answer
+# until the token limit: the stop set is part of the template's contract.
 
 # %% [markdown]
 # ## 7. Bad input gets a clear error

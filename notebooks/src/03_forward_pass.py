@@ -47,6 +47,9 @@ print(f"positions: rotary (theta = {cfg.rope_parameters['rope_theta']:,.0f}) | n
 # RMSNorm → SwiGLU feed-forward → add back) → final **RMSNorm** → **output head** (a matrix that
 # scores every vocabulary entry; here it *is* the embedding matrix, reused).
 #
+# The weights are the model's 4-bit release (the GGUF file set-up fetched) expanded to float32: each
+# value below is one of 16 levels of its block of 32, written out in 32 bits (lesson 12 shows it).
+#
 # Where are the parameters? Counted from the loaded model:
 
 # %%
@@ -164,9 +167,17 @@ itself = sum(int(top_ids[0, t, 0]) == lens_ids[t] for t in range(len(lens_ids)))
 print(f"the embedding row predicts the input token itself at {itself} of {len(lens_ids)} positions")
 
 # %% [markdown]
-# In this small model the factual answer appears
-# only near the very top; for most of the depth the lens shows generic continuations (a space, a
-# period, "the"). Larger models often show the answer forming earlier.
+# What does the lens predict at the last position before the answer appears? Counted over the layers:
+
+# %%
+from collections import Counter
+first = rows[0] if rows else len(words) - 1  # the first layer whose output predicts ' Paris'
+before = [words[r][-1] for r in range(1, first + 1)]  # row r is the output of layer r - 1
+print("top guesses at the last position, layer by layer, before ' Paris':", Counter(before).most_common(6))
+
+# %% [markdown]
+# In this small model the factual answer appears only near the very top; the counts above say what the
+# lens shows for most of the depth before it.
 #
 # ## 6. One decoder block, by hand
 #

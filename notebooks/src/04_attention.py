@@ -111,14 +111,17 @@ t_ids, t_tokens = pieces(twin)
 t_weights = attention_weights(model, t_ids)
 for layer, head, w in top_attended(t_weights, t_tokens.index(" France"), t_tokens.index(" capital"), k=3):
     print(f"twin: ' France' -> ' capital': layer {layer:>2}, head {head}: {w:.2f}")
+numeric = lambda t: t.strip()[:1].isdigit() or t.strip()[:1] in "€$£%"  # noqa: E731 - a number or an amount
 for text in ["The capital of France is", "The capital gains tax in France is"]:
     probs = probabilities(forward_logits(model, pieces(text)[0])[0, -1])
-    print(f"{text!r:<38} ->", [(c.text, round(c.prob, 3)) for c in top_candidates(tokenizer, probs, 6)])
+    top = top_candidates(tokenizer, probs, 50)
+    print(f"{text!r:<38} ->", [(c.text, round(c.prob, 3)) for c in top[:6]],
+          f"| mass on numbers/amounts in the top 50: {sum(c.prob for c in top if numeric(c.text)):.2f}")
 
 # %% [markdown]
-# After "The capital of France is" the model bets on a city; after the tax phrasing it bets on the start
-# of a number or amount. The meaning of *capital* is resolved, but the evidence is in the output
-# distribution and in many heads at once, not in one arrow from *capital* to *France*.
+# Compare the two lines: the candidates and the probability mass on numbers and amounts differ between
+# the city sense and the tax sense. Where the meaning of *capital* is resolved, the evidence is in the
+# output distribution and in many heads at once, not in one arrow from *capital* to *France*.
 #
 # **"They" refers to the bank.** In "The bank is closed because they had no money left", where does
 # *they* look?
@@ -208,8 +211,18 @@ print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, se
 
 # %% [markdown]
 # Read the ratios: a cost linear in T would give 2 per doubling; the T by T score matrix gives about 4
-# (memory-cache effects can push a measured ratio higher or lower on a given machine). This quadratic term is why very long contexts are expensive, and why the KV cache, which
-# avoids recomputing the past, matters so much.
+# (memory-cache effects can push a measured ratio higher or lower on a given machine). This quadratic term is why very long contexts are expensive.
+#
+# Does the KV cache (lesson 07) remove it? No. The cache saves recomputing the past tokens' projections
+# and feed-forward; but each new token still attends over every cached key and value, so one decode step's
+# attention grows linearly with the context, and a whole answer's attention quadratically. Measured: one
+# decode step with a short and a long cache.
+
+# %%
+from course_lib.bench import decode_seconds
+short, long = decode_seconds(model, tokenizer, [64, 1024], steps=4)
+print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.1f} ms with 1,024; "
+      f"the extra attention over the longer cache is {(long - short) / long:.0%} of the long step")
 
 # %% [markdown]
 # ---

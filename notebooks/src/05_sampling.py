@@ -108,6 +108,36 @@ def toy_top_k(v, k):
 print("same as course_lib:", torch.equal(toy_top_k(logits, 5), top_k_filter(logits, 5)))
 
 # %% [markdown]
+# ### The repetition penalty
+#
+# One more knob works on the tokens already written rather than on the tail: the **repetition penalty**
+# divides the (positive) logit of every token seen so far by a factor (1 = off), so repeating becomes less
+# likely. On the question's prompt, the tokens it pushes down are those of the prompt itself:
+
+# %%
+from course_lib.sampling import repetition_penalty
+penalized = repetition_penalty(logits, prompt_ids, 1.5)
+for i in torch.topk(logits, 6).indices.tolist():
+    seen = "seen in the prompt" if i in prompt_ids else ""
+    print(f"{label(i)!r:>12}: p {float(logits.softmax(-1)[i]):.3f} -> {float(penalized.softmax(-1)[i]):.3f} {seen}")
+
+# %% [markdown]
+# Over a longer answer it changes what gets written. A 60-token greedy story, without and with a penalty
+# of 1.3, and how many of its 3-token sequences occur more than once:
+
+# %%
+story_prompt = context_ids(tokenizer, [{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
+def repeated_trigrams(ids):
+    grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
+    return sum(grams.count(g) > 1 for g in set(grams))
+for penalty in [1.0, 1.3]:
+    pick = make_sampler(SamplingConfig(temperature=0, repetition_penalty=penalty), history=story_prompt)
+    out = generate(model, tokenizer, story_prompt, max_new_tokens=60, pick=pick, stop_ids=())
+    print(f"penalty {penalty}: {repeated_trigrams(out.token_ids)} repeated 3-grams | {out.text[:110]!r}")
+
+# %% [markdown]
+# The explorer below has a `repetition` slider too (it penalizes the prompt's tokens).
+#
 # ## 4. Try it: the sampling explorer
 #
 # Move the sliders. The grey bar is the original probability, the blue bar the probability after
@@ -123,7 +153,7 @@ def continue_with(config, seed):
     return generate(model, tokenizer, prompt_ids, max_new_tokens=20, pick=pick).text
 
 top_ids = torch.topk(logits, 60).indices.tolist()
-explorer = SamplingExplorer(logits, {i: label(i) for i in top_ids}, generate_fn=continue_with)
+explorer = SamplingExplorer(logits, {i: label(i) for i in top_ids}, generate_fn=continue_with, history=prompt_ids)
 explorer.widget()
 
 # %% [markdown]
@@ -209,6 +239,7 @@ except ValueError as err:
 # - Sampling turns the model's logits into one token; every knob is a small function of the logits.
 # - Temperature rescales (sharper below 1, flatter above); temperature 0 is greedy.
 # - top-k, top-p and min-p remove the unlikely tail; min-p adapts to how confident the model is.
+# - The repetition penalty works on what was already written: it pushes seen tokens down.
 # - The model runs once per token; changing a sampling setting needs no new forward pass.
 # - With `do_sample=False`, `transformers` ignores temperature entirely.
 

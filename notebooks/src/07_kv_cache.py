@@ -74,7 +74,14 @@ print("formula:", positions_processed(len(prompt), N, True), "and", positions_pr
 # a sum of prompt + 0, prompt + 1, ... prompt + N - 1: it grows with the **square** of N (quadratic),
 # not exponentially; and with a cache it grows linearly. Look at the measured curves: the uncached
 # one climbs in a straight line per token (so its running total is quadratic), nothing like an
-# exponential. The time ratio grows with N, which is why the cache matters most for long answers.
+# exponential. And the time ratio grows with N: here it is for the first N tokens of the two runs above.
+
+# %%
+for n in [8, 16, 32, 64, N]:
+    print(f"first {n:>3} tokens: {sum(uncached.seconds[:n]) / sum(cached.seconds[:n]):4.1f}x faster with the cache")
+
+# %% [markdown]
+# That is why the cache matters most for long answers. The counts, for more N than we have time to run:
 
 # %%
 ns = [8, 16, 32, 64, 128, 256, 512]
@@ -157,31 +164,35 @@ for name, (layers, kv, d) in designs.items():
 # times more without it. This is why long contexts are limited by memory, and why every request's cache
 # competes with the weights for the same GPU memory.
 #
-# ## 6. A fixed KV budget: reject or evict?
+# ## 6. A fixed KV budget: reject, evict, or preempt?
 #
 # A server has room for a fixed number of cached tokens. Requests arrive with different prompt and
-# answer lengths. Two policies: **reject** admits a request only if its whole answer can be reserved,
+# answer lengths. Three policies: **reject** admits a request only if its whole answer can be reserved,
 # and turns it away otherwise; **evict** admits whenever the prompt fits and, when memory runs out,
-# drops the oldest conversations. One trace, both policies, simulated step by step:
+# drops the oldest conversations (the ones with the most finished work); **preempt**, what production
+# servers such as vLLM do, also admits whenever the prompt fits but, when memory runs out, pauses the
+# most recently admitted request, frees its memory and recomputes its cache when room returns. One
+# trace, three policies, simulated step by step, with the work each throws away (tokens computed, then lost):
 
 # %%
 trace = [Request("A", 0, 60, 80), Request("B", 5, 40, 120), Request("C", 12, 120, 40), Request("D", 20, 30, 60),
          Request("E", 30, 90, 50), Request("F", 45, 50, 40), Request("G", 60, 20, 30)]
 BUDGET = 450  # tokens
-outcomes = {policy: simulate_budget(trace, BUDGET, policy) for policy in ("reject", "evict")}
+outcomes = {policy: simulate_budget(trace, BUDGET, policy) for policy in ("reject", "evict", "preempt")}
 for policy, out in outcomes.items():
-    print(f"{policy:>7}: " + ", ".join(f"{r.name} {out.status.get(r.name, '?')}" for r in trace))
+    print(f"{policy:>7}: {out.finished} of {len(trace)} finished, {out.lost:4d} tokens of work lost, "
+          f"{len(out.usage)} steps | " + ", ".join(f"{r.name} {out.status.get(r.name, '?')}" for r in trace))
 
 # %%
 fig = plots_perf.plot_budget_runs(outcomes, BUDGET, [r.name for r in trace])
 plt.show()
 
 # %% [markdown]
-# Reserving whole answers never loses work but leaves memory idle (the reserved space is not yet
-# used) and turns requests away; evicting keeps memory full but throws away conversations that were
-# already partly served (their work is wasted, and they must start again). Production servers (vLLM)
-# reduce the dilemma by allocating the cache in small pages on demand and by *preempting*: pausing a
-# request and recomputing or swapping its cache later, instead of losing it.
+# Read the three lines above. Reserving whole answers never loses work but leaves memory idle (the
+# reserved space is not yet used) and turns requests away. Evicting the oldest keeps memory full but
+# throws away the conversations that had the most finished work. Preempting the newest also
+# recomputes tokens, but every request finishes: the lost work is a delay, not a lost answer. Lesson 13
+# builds this for real, with the cache allocated in small blocks on demand.
 
 # %% [markdown]
 # ---
@@ -191,7 +202,8 @@ plt.show()
 # - With the cache each step processes one position; without it every step re-processes everything: quadratic work.
 # - Cache memory is 2 × layers × KV heads × head dim × bytes per token: linear in context, never exponential.
 # - Grouped-query attention divides that memory by the number of query heads per key/value head.
-# - A full KV budget forces a choice: reject new requests or evict running ones.
+# - A full KV budget forces a choice: reject new requests, evict running ones (their work is lost), or
+#   preempt and recompute later (every request finishes; the simulation counts the tokens recomputed).
 
 # %% [markdown]
 # ---

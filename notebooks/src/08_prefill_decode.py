@@ -21,6 +21,7 @@ import course_lib
 from course_lib import plots
 from course_lib.bench import prefill_seconds, decode_seconds, memory_bandwidth, weight_bytes
 from course_lib.kv_cache import model_kv_bytes_per_token
+from course_lib.context import filler_ids
 from course_lib.anatomy import flops_per_token
 from course_lib.runtime import describe_device
 
@@ -68,15 +69,16 @@ print(f"prefill at {lengths[-1]} tokens is {lengths[-1] / prefill_s[-1] / (1 / d
 #
 # Every decode step must read **every weight** once, to produce a single token. If reading were the
 # only cost, a step would take (weight bytes) / (memory bandwidth). We compute the bandwidth each
-# step achieves, and measure this machine's bandwidth with a large copy, in the same run:
+# step achieves, and measure this machine's read bandwidth in the same run the way decode reads: a sum
+# over a 1 GB buffer, far larger than the caches, reads each byte once (lesson 12 uses the same ceiling):
 
 # %%
 wb = weight_bytes(model)
 achieved = wb / decode_s[0]
-copy_bw = memory_bandwidth(model.device)
+read_bw = memory_bandwidth(model.device)
 print(f"weights: {wb / 1e6:.0f} MB read per decode step")
-print(f"decode achieves {achieved / 1e9:.1f} GB/s; a plain copy on this machine reaches {copy_bw / 1e9:.1f} GB/s "
-      f"-> utilisation {achieved / copy_bw:.0%}")
+print(f"decode achieves {achieved / 1e9:.1f} GB/s; streaming reads on this machine reach {read_bw / 1e9:.1f} GB/s "
+      f"-> utilisation {achieved / read_bw:.0%}")
 
 # %% [markdown]
 # And the arithmetic? About 2 operations per weight per token:
@@ -124,14 +126,22 @@ for r in runs:
     print(f"{r['machine']['name'][:33]:<34}{r['dtype']:<10}{r['decode'][0]['seconds_per_token'] * 1000:>14.1f}"
           f"{max(p['tokens_per_s'] for p in r['prefill']):>21.0f}{r['bandwidth']['utilisation']:>16.0%}")
 print(f"{'this notebook, now':<34}{str(model.dtype).split('.')[-1]:<10}{decode_s[0] * 1000:>14.1f}"
-      f"{max(n / s for n, s in zip(lengths, prefill_s)):>21.0f}{achieved / copy_bw:>16.0%}")
+      f"{max(n / s for n, s in zip(lengths, prefill_s)):>21.0f}{achieved / read_bw:>16.0%}")
 print("GPU runs committed:", sum(r["machine"]["device"].startswith("cuda") for r in runs))
 
 # %% [markdown]
 # **On a big GPU** (when a GPU run is committed above, compare it): a 135M model's weights are read in
 # microseconds by a GPU with terabytes per second of bandwidth, so at batch size 1 the decode step is
-# limited by something else: launching hundreds of small GPU kernels, one after another, from Python.
-# The GPU sits mostly idle between them. Two remedies exist: batching many requests into each step
+# limited by something else: launching its many small operators, one after another, from Python. How
+# many? The profiler counts the operators one decode step runs, here:
+
+# %%
+from course_lib.engine_speed import decode_profile
+profile = decode_profile(model, filler_ids(tokenizer, 64), steps=2)
+print(f"one decode step runs {profile['aten_calls_per_step']:.0f} torch operator calls (nested ones included)")
+
+# %% [markdown]
+# On a GPU most of them launch a kernel of a few microseconds; the GPU sits mostly idle between them. Two remedies exist: batching many requests into each step
 # (lesson 09), and capturing the whole step once as a CUDA graph with a static cache (`torch.compile`
 # with "reduce-overhead"), which removes the per-kernel launch cost. The course has not yet measured
 # the second on a GPU; the committed files say what was measured.

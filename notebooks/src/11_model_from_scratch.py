@@ -243,5 +243,4 @@ def cache_bytes(batch, tokens):
 ex.check_cache_bytes(cache_bytes, ours)
 
 # %% [markdown]
-# **Next:** Part II goes on with weight formats (bytes per token), the paged cache, speculative decoding and
-# structured output; each will run on this model and its cache.
+# **Next:** 12 · bytes per token: this model in smaller weight formats, down to the file's own 4 bits.

@@ -1,0 +1,223 @@
+"""Weight formats (lesson 12): the same model with fewer bytes per weight, as a different linear layer.
+
+What it does: quantizes weight matrices (int8 with one scale per output channel; 4-bit in groups of
+32 with a scale and a minimum per group, the GGUF file's own Q4_1 layout) and wraps each format in a
+linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8 weights cast back to
+float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`) and
+`Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)` returns the model in one
+of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the server run it as
+any model. Also the two bandwidth measurements a roofline needs: the machine's streaming read rate
+and each kernel's own rate on this model's shapes, with matrices cycled beyond the caches.
+Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
+with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
+the file), so the 4-bit formats lose nothing but rounding.
+What it does not do: calibrate, quantize activations or the KV cache, or run the 4-bit kernel on a GPU
+(torch's is a CPU kernel; CUDA gets float32, bfloat16 and int8-cast).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from .model import Layer, Linear, Model
+
+# name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
+FORMATS = {
+    "float32": (torch.float32, "float", "float"),
+    "bfloat16": (torch.bfloat16, "float", "float"),
+    "int8-cast": (torch.float32, "int8-cast", "int8-cast"),
+    "int8": (torch.bfloat16, "int8", "int8"),
+    "int4-float32": (torch.float32, "int4", "float"),
+    "int4": (torch.bfloat16, "int4", "int8"),
+}
+GROUP = 32  # the file's Q4_1 block: 32 weights share a scale and a minimum
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8, one scale per output row. w (N, K) -> (int8 (N, K), scale (N,)); w ~ q * scale."""
+    scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
+    q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit per group of `group` weights along K: w ~ q * scale + minimum, q in 0..15.
+    w (N, K) -> (q int32 (N, K), scale (N, K/group), minimum (N, K/group)). This is Q4_1's rule."""
+    N, K = w.shape
+    if K % group:
+        raise ValueError(f"the input size {K} is not a multiple of the group size {group}")
+    blocks = w.float().reshape(N, K // group, group)  # (N, K/G, G)
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (N, K/G)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((blocks - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(N, K), scale, low
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """The float weights the 4-bit numbers stand for: q * scale + minimum, per group. (N, K) float32."""
+    N, K = q.shape
+    blocks = q.reshape(N, K // group, group).float() * scale[..., None] + minimum[..., None]
+    return blocks.reshape(N, K)
+
+
+class CastInt8Linear:
+    """int8 weights stored, cast back to float at every call, then an ordinary product (the slow trap:
+    the cast writes a full float matrix each time, so more bytes move than with float weights)."""
+    format = "int8-cast"
+
+    def __init__(self, weight: torch.Tensor):
+        self.q, self.scale = quantize_int8(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.q.to(x.dtype) * self.scale.to(x.dtype)[:, None])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+
+
+class Int8Linear(CastInt8Linear):
+    """int8 weights, one scale per output channel, multiplied by torch's fused weight-only kernel."""
+    format = "int8"
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        super().__init__(weight)
+        self.scale = self.scale.to(dtype)  # note: the kernel wants scales in the activations' dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (B*T, K)
+        return torch._weight_int8pack_mm(flat, self.q, self.scale).reshape(*x.shape[:-1], self.q.shape[0])
+
+
+class Int4Linear:
+    """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel."""
+    format = "int4"
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP):
+        if weight.device.type != "cpu":
+            raise ValueError("the 4-bit kernel used here (torch._weight_int4pack_mm_for_cpu) runs on the CPU only; "
+                             "on a GPU use 'bfloat16' or 'int8-cast'")
+        q, scale, low = quantize_int4(weight, group)
+        self.group, self.out_features = group, weight.shape[0]
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8: two weights per byte
+        # subtle: the kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale
+        self.scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.blocks = None
+        if dtype == torch.float32:
+            # note: with float32 activations the fused kernel costs about 1.5 ms per row for a 1536 x 576 matrix,
+            # fine for one decode row, ruinous for a prefill of hundreds. For several rows we dequantize the
+            # same 4-bit numbers to a float matrix and use the ordinary product (what engines do for prefill).
+            self.blocks = ((q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), scale, low)  # (N, K/2), (N, K/G) x2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # (B*T, K)
+        if self.blocks is not None and flat.shape[0] > 1:
+            nibbles, scale, low = self.blocks
+            q = torch.stack([nibbles & 0xF, nibbles >> 4], dim=-1).reshape(nibbles.shape[0], -1)  # (N, K)
+            out = F.linear(flat, dequantize_int4(q, scale, low, self.group))
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype):
+    """One linear layer of the given kind from a float weight (N, K)."""
+    if kind == "float":
+        return Linear(weight.to(dtype))
+    if kind == "int8-cast":
+        return CastInt8Linear(weight)
+    if kind == "int8":
+        return Int8Linear(weight, dtype)
+    if kind == "int4":
+        return Int4Linear(weight, dtype)
+    raise ValueError(f"unknown linear kind {kind!r}")
+
+
+def convert(model: Model, name: str, head: str | None = None) -> Model:
+    """The model in weight format `name` (one of FORMATS). Built from a float32 model; the embedding
+    lookup, norms and rotary tables follow the activations' dtype; every matrix product changes format.
+    head: override the output head's kind ("float", "int8", "int4"...), to see what the head costs."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown weight format {name!r}: choose one of {', '.join(FORMATS)}")
+    if model.dtype != torch.float32:
+        raise ValueError("convert() starts from the float32 model (Model.from_transformers(model) in float32)")
+    dtype, kind, head_kind = FORMATS[name]
+    head_kind = head or head_kind
+    weight = lambda linear: linear.weight  # noqa: E731 - every layer of a float32 model is a Linear
+    out = Model.__new__(Model)
+    out.__dict__.update(model.__dict__)
+    out.embedding, out.final_norm = model.embedding.to(dtype), model.final_norm.to(dtype)
+    out.lm_head = make_linear(model.embedding, head_kind, dtype)
+    out.layers = [replace(layer, attn_norm=layer.attn_norm.to(dtype), mlp_norm=layer.mlp_norm.to(dtype),
+                          qkv=make_linear(weight(layer.qkv), kind, dtype), o=make_linear(weight(layer.o), kind, dtype),
+                          gate_up=make_linear(weight(layer.gate_up), kind, dtype),
+                          down=make_linear(weight(layer.down), kind, dtype)) for layer in model.layers]
+    out.format = name
+    return out
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 3, device="cpu") -> float:
+    """Bytes per second the machine streams from memory: a sum over a buffer far larger than the caches
+    (each byte read once), best of `repeats`. This is the ceiling a decode step's weight read can reach."""
+    buf = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(buf.sum())
+        best = min(best, time.perf_counter() - start)
+    return buf.numel() * 4 / best
+
+
+def kernel_bandwidth(name: str, shapes: list[tuple[int, int]], copies: int = 8, repeats: int = 3) -> float:
+    """Bytes per second one format's kernel reads on matrices of these (out, in) shapes, batch 1, with enough
+    copies of each that they do not fit the caches (so every call reads from memory, as in decode)."""
+    dtype, kind, _ = FORMATS[name]
+    layers = [make_linear(torch.randn(n, k) * 0.02, kind, dtype) for _ in range(copies) for n, k in shapes]
+    xs = {k: torch.randn(1, k, dtype=dtype) for _, k in shapes}
+    inputs = [xs[k] for _ in range(copies) for _, k in shapes]
+    for layer, x in zip(layers, inputs):
+        layer(x)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for layer, x in zip(layers, inputs):
+            layer(x)
+        best = min(best, time.perf_counter() - start)
+    return sum(layer.nbytes for layer in layers) / best
+
+
+@torch.inference_mode()
+def log_probs(model, ids: list[int]) -> torch.Tensor:
+    """Next-token log-probabilities at every position of one sequence, one pass, no cache. (T, V) float32."""
+    from .generation import run_model
+    x = torch.tensor([ids], device=model.device)  # (1, T)
+    logits, _ = run_model(model, x, None, keep=0)  # (1, T, V)
+    return torch.log_softmax(logits[0], dim=-1)
+
+
+def agreement(reference: Model, model: Model, sequences: list[list[int]], starts: list[int] | None = None) -> dict:
+    """How close `model` is to `reference` on the same token sequences (teacher forcing: both read the same
+    tokens): the fraction of positions whose top token agrees, and the mean KL(reference || model) in nats,
+    over each sequence's positions from its start on (for example: the answer only, not the prompt)."""
+    agree = total = 0
+    kl = 0.0
+    for ids, start in zip(sequences, starts or [0] * len(sequences)):
+        p, q = log_probs(reference, ids)[start:], log_probs(model, ids)[start:]  # (T', V)
+        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
+        kl += float((p.exp() * (p - q)).sum())
+        total += p.shape[0]
+    return {"top1_agreement": agree / total, "kl": kl / total, "positions": total}
+
+
+def perplexity(model: Model, ids: list[int]) -> float:
+    """exp(mean negative log-likelihood of each next token of a text): lower is better. Example: uniform over V -> V"""
+    lp = log_probs(model, ids)[:-1]  # (T-1, V): predictions for tokens 1..T-1
+    nll = -lp.gather(1, torch.tensor(ids[1:], device=lp.device)[:, None]).mean()
+    return float(torch.exp(nll))

@@ -1,0 +1,224 @@
+# %% [markdown]
+# # 12 · Bytes per token: weight formats, speed, and what quality each costs
+#
+# **Goal.** Lesson 08 showed that a decode step reads every weight once. Here we act on it: store the
+# same weights in fewer bytes, watch the time per token follow the bytes, and measure what the answer
+# loses, on the model of lesson 11.
+#
+# **You will**
+# - tell apart three numbers: the file on disk, the model in memory, the bytes read per token;
+# - run the same model in six weight formats, from float32 down to the file's own 4 bits, and put their
+#   speed on a roofline measured on this machine;
+# - measure quality against float32: top-token agreement, KL divergence, perplexity, and the answer itself.
+
+# %% [markdown]
+# ## Set-up
+#
+# One thread, set explicitly: the 4-bit kernel can slow down badly when two threads fight over two busy
+# cores, and a fixed thread count makes the formats comparable. (`python -m course_lib bench --only formats
+# --threads N` measures any count.)
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+import course_lib
+from course_lib import formats, plots_perf
+from course_lib.context import chat_ids, story_ids
+from course_lib.engine_speed import our_step_seconds, generate_exact
+from course_lib.generation import generate, prefill
+from course_lib.loading import GGUF_BYTES
+from course_lib.model import Model
+from course_lib.runtime import time_it
+
+torch.set_num_threads(1)
+model, tokenizer = course_lib.load_model()
+ours = Model.from_transformers(model)  # float32, lesson 11
+models = {name: formats.convert(ours, name) for name in formats.FORMATS}
+print("threads:", torch.get_num_threads(), "| formats:", ", ".join(models))
+
+# %% [markdown]
+# ## 1. Three numbers that are easy to mix up
+#
+# The file the course downloaded stores most weights in 4 bits. Set-up expanded it to float32, which is
+# what lessons 00-11 ran. And a decode step reads every matrix once: the attention and feed-forward
+# matrices, and the output head, which is the embedding matrix again (tied), read in full for every token.
+
+# %%
+params = sum(p.numel() * p.element_size() for p in model.parameters())
+print(f"file on disk (GGUF, 4-bit layers, 8-bit embedding): {GGUF_BYTES / 1e6:6.1f} MB")
+print(f"model in memory (float32 parameters):             {params / 1e6:6.1f} MB")
+for name, m in models.items():
+    print(f"read per token, {name:<13}                     {m.weight_bytes() / 1e6:6.1f} MB")
+
+# %% [markdown]
+# `int4-float32` reads more than `int4`: it keeps the head in float32 so that its numbers are exactly the
+# course model's (section 5). `int4` stores the head in 8 bits, as the file itself does.
+#
+# ## 2. The 4-bit weights are the file's own blocks
+#
+# The file's layers are Q4_1: blocks of 32 weights, each with a scale and a minimum, the weight being
+# `q * scale + minimum` with `q` in 0..15. Quantizing our float32 weights again by that rule (minimum and
+# maximum of each block, 16 levels) gives those very blocks back. One block of layer 0's `down` matrix:
+
+# %%
+w = ours.layers[0].down.weight  # (576, 1536)
+q, scale, low = formats.quantize_int4(w)
+print("first block's q:", q[0, :32].tolist())
+print(f"scale {float(scale[0, 0]):.6f}, minimum {float(low[0, 0]):.6f}")
+print("largest difference, dequantized vs the course's float32 weights:",
+      float((formats.dequantize_int4(q, scale, low) - w).abs().max()))
+
+# %% [markdown]
+# Zero, up to float rounding: the course's "float32 model" has always been the 4-bit model, written
+# out in 32 bits. (A test reads the raw blocks from the GGUF file and checks that they are equal.)
+#
+# ## 3. A trap first: int8 that is slower than float32
+#
+# The obvious int8: store int8 weights, cast them back to float, multiply. Each cast writes a whole float
+# matrix, so more bytes move than with float weights. Torch's fused weight-only kernel reads the int8
+# bytes and multiplies in one pass.
+
+# %%
+prompt = story_ids(tokenizer)
+median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 - robust to one slow step
+step_ms = {}
+for name in ["float32", "int8-cast", "int8"]:
+    our_step_seconds(models[name], tokenizer, prompt, 2)  # warm-up
+    step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
+    print(f"{name:<10} {step_ms[name]:6.1f} ms per decode step")
+
+# %% [markdown]
+# ## 4. Every format on a roofline
+#
+# The ceiling is this machine's streaming read rate, measured the way decode reads: a sum over a 1 GB
+# buffer (far larger than the caches). If reading were the only cost, a format's step would take its bytes
+# divided by that rate: the dashed line.
+
+# %%
+for name in ["bfloat16", "int4-float32", "int4"]:
+    our_step_seconds(models[name], tokenizer, prompt, 2)
+    step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
+read_bw = formats.read_bandwidth(1024)
+names = list(models)
+print(f"streaming read: {read_bw / 1e9:.1f} GB/s")
+for name in names:
+    b = models[name].weight_bytes()
+    print(f"{name:<13} {b / 1e6:6.1f} MB  {step_ms[name]:6.1f} ms  {1000 / step_ms[name]:5.1f} tok/s  "
+          f"reads at {b / step_ms[name] / 1e6:5.1f} GB/s")
+plots_perf.plot_roofline(names, [models[n].weight_bytes() for n in names], [step_ms[n] for n in names], read_bw)
+plt.show()
+
+# %% [markdown]
+# Points near the line are bound by memory; points far above it are bound by something else: the
+# kernel itself. Each kernel has its own rate on this model's shapes (matrices cycled beyond the caches):
+
+# %%
+shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q|k|v, o, gate|up, down
+for name in ["float32", "bfloat16", "int8", "int4"]:
+    print(f"{name:<9} kernel reads {formats.kernel_bandwidth(name, shapes) / 1e9:5.1f} GB/s")
+
+# %% [markdown]
+# ## 5. What the answer loses
+#
+# Speed is only half of it. We run every format on the same token sequences as float32 (teacher forcing:
+# each reads float32's greedy answers to the running examples) and count how often its top token agrees,
+# and the KL divergence of its next-token distribution from float32's.
+
+# %%
+questions = ["What is the capital of France?", "What is the capital gains tax in France?",
+             "The bank is closed because they had no money left."]
+prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in questions]
+sequences = [p + generate_exact(ours, tokenizer, p, 24) for p in prompts]
+quality = {n: formats.agreement(ours, models[n], sequences, [len(p) - 1 for p in prompts]) for n in names}
+for n, qd in quality.items():
+    print(f"{n:<13} top-1 agreement {qd['top1_agreement']:.3f}   KL {qd['kl']:.5f} nats   ({qd['positions']} positions)")
+
+# %% [markdown]
+# Why does `int4` keep its head in 8 bits, as the file does? Put the head in 4 bits too and measure:
+
+# %%
+all4 = formats.convert(ours, "int4", head="int4")
+q4 = formats.agreement(ours, all4, sequences, [len(p) - 1 for p in prompts])
+print(f"head in 4 bits: {all4.weight_bytes() / 1e6:.1f} MB per token, top-1 agreement {q4['top1_agreement']:.3f}, "
+      f"KL {q4['kl']:.4f} (int4 with an 8-bit head: {quality['int4']['top1_agreement']:.3f}, {quality['int4']['kl']:.4f})")
+
+# %% [markdown]
+# The head turns the last hidden state into 49,152 scores, and the top token is decided by small
+# differences between them: coarse weights there cost more agreement than anywhere else.
+#
+# Perplexity on a held text (lower is better), and the running question in every format:
+
+# %%
+text_ids = tokenizer(open("../data/texts/english_prose.txt").read(), add_special_tokens=False)["input_ids"][:256]
+for n in ["float32", "bfloat16", "int8", "int4"]:
+    answer = generate(models[n], tokenizer, prompts[0], 16).text
+    print(f"{n:<9} perplexity {formats.perplexity(models[n], text_ids):6.2f}   {answer!r}")
+
+# %% [markdown]
+# ## 6. Prefill is a different story
+#
+# Prefill multiplies many tokens by each weight matrix at once: it is bound by arithmetic, not by reading.
+# What can help it is faster arithmetic (this CPU has bfloat16 instructions), not fewer bytes; the
+# weight-only kernels are built for one row and unpack every weight again for each block of rows.
+
+# %%
+long_prompt = prompts[0] * 4  # about 100 tokens
+for n in ["float32", "bfloat16", "int8", "int4"]:
+    t = time_it(lambda n=n: prefill(models[n], long_prompt), repeats=2)
+    print(f"{n:<9} prefill of {len(long_prompt)} tokens: {t.best * 1000:6.1f} ms")
+
+# %% [markdown]
+# Compare the four timings above: in the runs made for this lesson bfloat16 was the fastest prefill
+# and int8 and int4 were no faster than float32, the reverse of their decode order.
+#
+# ## Summary
+#
+# - The file on disk, the model in memory and the bytes read per token are three different numbers;
+#   decode speed follows the third.
+# - Fewer bytes per weight make decode faster only through a kernel that reads those bytes directly:
+#   casting int8 back to float first is slower than float32.
+# - The course's weights are the file's own 4-bit blocks, so the 4-bit formats cost only rounding; with
+#   bfloat16 activations they are the fastest here, and their top token mostly agrees with float32's
+#   (the table above gives the figure measured in this run).
+# - Prefill is bound by arithmetic: weight-only formats do not speed it up; bfloat16 arithmetic can.
+# - The output head is the most sensitive matrix: in 4 bits it costs far more agreement than the layers.
+#
+# ---
+# ## Exercises
+#
+# **1.** Write `predict(bytes_per_token, bytes_per_s)`: the tokens per second a format would reach if
+# reading its weights were the only cost. The check compares it with the `int4` measurement above.
+
+# %%
+from course_lib.exercises import lesson12 as ex
+
+def predict(bytes_per_token, bytes_per_s):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_predict(predict, models["int4"].weight_bytes(), read_bw, 1000 / step_ms["int4"])
+
+# %% [markdown]
+# **2.** Write `quantize(w)`: int8 with one scale per row, returning `(q, scale)`. The check compares your
+# largest error with the course's quantizer.
+
+# %%
+def quantize(w):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_int8(quantize)
+
+# %% [markdown]
+# **3.** Write `block_params(w32)`: the scale and the minimum of one 32-weight block by the file's rule.
+
+# %%
+def block_params(w32):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_block(block_params)
+
+# %% [markdown]
+# **Next:** Part II goes on with the paged cache, speculative decoding and structured output, each on this
+# model and its formats.

@@ -1,0 +1,117 @@
+"""Lesson 12: every weight format is the same model within its tolerance, and 4-bit is the file's own blocks."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib import formats
+from course_lib.context import chat_ids
+from course_lib.engine_speed import generate_exact
+from course_lib.generation import generate
+from course_lib.batching import generate_static
+from course_lib.model import Model
+
+QUESTIONS = ["What is the capital of France?", "What is the capital gains tax in France?",
+             "The bank is closed because they had no money left."]
+
+
+@pytest.fixture(scope="module")
+def ours(model):
+    return Model.from_transformers(model)
+
+
+@pytest.fixture(scope="module")
+def converted(ours):
+    return {name: formats.convert(ours, name) for name in formats.FORMATS}
+
+
+def test_the_course_weights_are_the_files_4_bit_blocks(ours):
+    """Q4_1 from the GGUF, read raw: quantizing our float32 weights with min/max per 32 gives the same numbers."""
+    from gguf import GGUFReader
+    from course_lib.loading import gguf_path
+    reader = GGUFReader(str(gguf_path()))
+    raw = next(t for t in reader.tensors if t.name == "blk.0.ffn_down.weight")  # (576 out, 1536 in): not permuted
+    blocks = np.asarray(raw.data).reshape(576, 1536 // 32, 20)  # per block: f16 scale, f16 minimum, 16 bytes
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16).astype(np.float32))[..., 0]  # (576, 48)
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16).astype(np.float32))[..., 0]
+    qs = torch.from_numpy(blocks[..., 4:].astype(np.int32))  # (576, 48, 16)
+    file_q = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(576, 1536)  # low nibbles: 0..15, high: 16..31
+    q, scale, low = formats.quantize_int4(ours.layers[0].down.weight)
+    assert torch.equal(q, file_q)
+    assert torch.allclose(scale, d, rtol=1e-5) and torch.allclose(low, m, atol=1e-6)
+    assert (formats.dequantize_int4(q, scale, low) - ours.layers[0].down.weight).abs().max() < 1e-6
+
+
+def test_int8_quantization_round_trip():
+    w = torch.randn(64, 96)
+    q, scale = formats.quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().max() == 127
+    assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-6  # half a step at most
+
+
+@pytest.mark.parametrize("kind, dtype, tol", [("int8", torch.bfloat16, 0.01), ("int8-cast", torch.float32, 1e-5),
+                                              ("int4", torch.bfloat16, 0.01), ("int4", torch.float32, 1e-5)])
+def test_each_kernel_multiplies_like_its_dequantized_weights(kind, dtype, tol):
+    w = torch.randn(192, 576) * 0.05
+    layer = formats.make_linear(w, kind, dtype)
+    if kind.startswith("int8"):
+        q, scale = formats.quantize_int8(w)
+        exact = q.float() * scale[:, None]
+    else:
+        exact = formats.dequantize_int4(*formats.quantize_int4(w))
+    x = torch.randn(3, 576)
+    got = layer(x.to(dtype)).float()  # (3, 192)
+    want = x @ exact.T
+    assert ((got - want).norm() / want.norm()) < tol
+
+
+def test_int4_with_float32_activations_equals_the_float32_model(ours, converted, tokenizer):
+    ids = chat_ids(tokenizer, QUESTIONS[0], system="You are a helpful assistant.")
+    a = ours(input_ids=torch.tensor([ids])).logits
+    b = converted["int4-float32"](input_ids=torch.tensor([ids])).logits
+    assert (a - b).abs().max() < 1e-3  # the same 4-bit values; only float rounding differs
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "int8-cast", "int8", "int4-float32", "int4"])
+def test_every_format_answers_the_question(converted, tokenizer, name):
+    ids = chat_ids(tokenizer, QUESTIONS[0], system="You are a helpful assistant.")
+    assert generate(converted[name], tokenizer, ids, 16).text == "The capital of France is Paris."
+
+
+def test_quality_against_float32_is_measured(ours, converted, tokenizer):
+    prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in QUESTIONS]
+    sequences = [p + generate_exact(ours, tokenizer, p, 16) for p in prompts]
+    starts = [len(p) - 1 for p in prompts]
+    same = formats.agreement(ours, ours, sequences, starts)
+    assert same["top1_agreement"] == 1.0 and abs(same["kl"]) < 1e-6
+    for name in ("bfloat16", "int8", "int4"):
+        q = formats.agreement(ours, converted[name], sequences, starts)
+        assert q["top1_agreement"] >= 0.9 and 0 < q["kl"] < 0.1, (name, q)
+
+
+def test_bytes_per_token_shrink_with_the_format(converted):
+    b = {name: m.weight_bytes() for name, m in converted.items()}
+    assert b["bfloat16"] == pytest.approx(b["float32"] / 2, rel=1e-3)
+    assert b["int8"] < b["float32"] / 3.9 and b["int4"] < b["int8"] * 0.75
+    assert b["int4-float32"] > b["int4"]  # its head stays float32: exact, and heavier
+
+
+def test_formats_run_under_batching(converted, tokenizer):
+    prompts = [chat_ids(tokenizer, q, system=None) for q in QUESTIONS]
+    model = converted["int8"]
+    assert generate_static(model, tokenizer, prompts, 8) == [generate(model, tokenizer, p, 8).token_ids for p in prompts]
+
+
+def test_unknown_format_and_wrong_start_are_refused(ours, converted):
+    with pytest.raises(ValueError, match="choose one of"):
+        formats.convert(ours, "int3")
+    with pytest.raises(ValueError, match="float32"):
+        formats.convert(converted["bfloat16"], "int8")
+
+
+def test_perplexity_is_finite_and_ordered(ours, converted, tokenizer):
+    text = (Path(__file__).resolve().parents[1] / "data" / "texts" / "english_prose.txt").read_text()
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"][:256]
+    p32, p4 = formats.perplexity(ours, ids), formats.perplexity(converted["int4"], ids)
+    assert 1 < p32 < 100 and abs(p4 - p32) / p32 < 0.1

@@ -1,0 +1,59 @@
+"""The GPU path (CUDA, bfloat16): run whenever a CUDA GPU is available; skipped on CPU machines."""
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here")]
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    import course_lib
+    return course_lib.load_model(device="cuda", dtype="bfloat16", verbose=False)
+
+
+def test_bfloat16_generation_on_the_gpu(gpu):
+    from course_lib.context import chat_ids
+    from course_lib.generation import generate
+    model, tokenizer = gpu
+    result = generate(model, tokenizer, chat_ids(tokenizer, QUESTION, system="You are a helpful assistant."), 24)
+    assert "Paris" in result.text and result.stop_reason == "end_of_turn"
+
+
+def test_cached_against_uncached_within_bfloat16_tolerance(gpu):
+    from course_lib.context import story_ids
+    from course_lib.forward import forward_logits
+    from course_lib.generation import decode_step, prefill
+    model, tokenizer = gpu
+    ids = story_ids(tokenizer)
+    logits, cache = prefill(model, ids[:-1])
+    step, _ = decode_step(model, [ids[-1]], cache)
+    full = forward_logits(model, ids)[0, -1]
+    assert step.device.type == "cuda" and int(step[0].argmax()) == int(full.argmax())
+    assert (step[0] - full).abs().max() < 1.0  # bfloat16: measured about 0.56 on the CPU (lesson 07)
+
+
+def test_our_model_and_its_cache_on_the_gpu(gpu):
+    from course_lib.context import chat_ids
+    from course_lib.generation import generate
+    from course_lib.model import Model
+    model, tokenizer = gpu
+    ours = Model.from_transformers(model)
+    ids = chat_ids(tokenizer, QUESTION, system="You are a helpful assistant.")
+    assert ours.device.type == "cuda" and ours.dtype == torch.bfloat16
+    assert generate(ours, tokenizer, ids, 16).text == generate(model, tokenizer, ids, 16).text
+
+
+def test_the_server_answers_from_the_gpu(gpu):
+    import openai
+    from course_lib.serving import free_port, start_server
+    model, tokenizer = gpu
+    handle = start_server(model, tokenizer, port=free_port(), max_tokens_cap=32)
+    try:
+        client = openai.OpenAI(base_url=handle.url + "/v1", api_key="local", timeout=60, max_retries=0)
+        reply = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0,
+                                               messages=[{"role": "user", "content": QUESTION}])
+        assert "Paris" in reply.choices[0].message.content
+    finally:
+        handle.stop()
