@@ -134,6 +134,42 @@ def formats_section(model, tokenizer, quick: bool = False) -> dict:
                         "top1_agreement": fastest["top1_agreement"]}}
 
 
+def speculative_section(model, tokenizer, quick: bool = False, k: int = 4) -> list[dict]:
+    """Lesson 14: each drafter on two tasks (a grounded edit, where the answer copies the prompt, and free
+    writing), float32, greedy, exactly n tokens: acceptance, tokens per verify step, tokens per second
+    against plain greedy decoding of the same model in the same run (best of two each), same tokens."""
+    from .context import edit_ids
+    from .engine_speed import generate_exact
+    from .formats import convert
+    from .generation import generate
+    from .model import Model
+    from .speculative import ModelDrafter, PromptLookup, early_exit
+    ours = Model.from_transformers(model, dtype=torch.float32)
+    int4 = convert(ours, "int4")
+    drafters = {"prompt_lookup": lambda: PromptLookup(3), "int4_model": lambda: ModelDrafter(int4, "int4 model"),
+                "early_exit_8": lambda: early_exit(ours, 8)}
+    n, rows = 8 if quick else 64, []
+    for task, prompt in {"grounded_edit": edit_ids(tokenizer), "story": story_ids(tokenizer)}.items():
+        generate_exact(ours, tokenizer, prompt, 2)  # warm-up
+        plain, base = None, float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            plain = generate_exact(ours, tokenizer, prompt, n)
+            base = min(base, time.perf_counter() - start)
+        for name, make in drafters.items():
+            best, spec = float("inf"), None
+            for _ in range(2):
+                start = time.perf_counter()
+                spec = generate(ours, tokenizer, prompt, n, stop_ids=(), draft=make(), k=k)
+                best = min(best, time.perf_counter() - start)
+            st = spec.speculative
+            rows.append({"drafter": name, "task": task, "k": k, "acceptance_rate": st.acceptance_rate,
+                         "tokens_per_verify": st.tokens_per_verify, "tokens_per_s": n / best,
+                         "baseline_tokens_per_s": n / base, "speedup": base / best,
+                         "same_tokens": spec.token_ids == plain})
+    return rows
+
+
 def _load_section(model, tokenizer, quick):
     from .loading import time_cached_load
     return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
@@ -191,6 +227,7 @@ SECTIONS = {
         "ms_per_token_at_8000": detokenize_ms_per_token(t, 1000 if q else 8000)}}),
     "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
     "formats": ("lesson 12: weight formats, speed and quality", lambda m, t, q: {"formats": formats_section(m, t, q)}),
+    "speculative": ("lesson 14: speculative decoding", lambda m, t, q: {"speculative": speculative_section(m, t, q)}),
 }
 
 
@@ -255,6 +292,16 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                     f"{e['ratio']:.2f}x (same tokens: {e['same_tokens']})", e["ratio"] >= 1.0 and e["same_tokens"]))
         out.append((f"engine: at least 1.3x faster decode after {e['long_context_tokens']} tokens",
                     f"{e['long_context_ratio']:.2f}x", e["long_context_ratio"] >= 1.3))
+    if "speculative" in result:
+        rows = result["speculative"]
+        out.append(("speculative: same tokens as plain greedy everywhere", f"{sum(r['same_tokens'] for r in rows)} of {len(rows)}",
+                    all(r["same_tokens"] for r in rows)))
+        lookup = next(r for r in rows if r["drafter"] == "prompt_lookup" and r["task"] == "grounded_edit")
+        out.append(("speculative: prompt lookup at least 1.5x on the grounded edit", f"{lookup['speedup']:.2f}x",
+                    lookup["speedup"] >= 1.5))
+        story = max((r for r in rows if r["task"] == "story"), key=lambda r: r["speedup"])
+        out.append((f"speculative: best drafter on free writing ({story['drafter']}) faster than none",
+                    f"{story['speedup']:.2f}x", story["speedup"] > 1.0))
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
@@ -295,6 +342,10 @@ def format_report(result: dict) -> str:
         lines += [f"  {r['name']:<13} {r['weight_bytes'] / 1e6:6.1f} MB/token {r['tokens_per_s']:6.1f} tok/s "
                   f"{r['bandwidth_bytes_per_s'] / 1e9:5.1f} GB/s  top-1 {r['top1_agreement']:.3f}  KL {r['kl']:.4f}"
                   for r in f["formats"]]
+    for r in result.get("speculative", []):
+        lines.append(f"speculative {r['drafter']:<14} {r['task']:<14} k={r['k']} accepted {r['acceptance_rate']:.2f} "
+                     f"{r['tokens_per_verify']:.2f} tok/verify {r['tokens_per_s']:5.1f} vs {r['baseline_tokens_per_s']:5.1f} "
+                     f"tok/s -> {r['speedup']:.2f}x same={r['same_tokens']}")
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)

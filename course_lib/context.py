@@ -60,6 +60,17 @@ def story_ids(tokenizer) -> list[int]:
     return chat_ids(tokenizer, STORY)
 
 
+EDIT = ("Fix the spelling and grammar of this paragraph and return it: The libary opens at nine in the morning on "
+        "weekdays and at ten on Saturdays, and it is closed on Sundays and public holidays. Members can borow up to "
+        "five books at a time and keep them for three weeks, and a loan can be renewed twice online unless another "
+        "member has reserved the book.")
+
+
+def edit_ids(tokenizer) -> list[int]:
+    """The course's grounded-edit prompt (a paragraph to correct: the answer copies most of it), templated."""
+    return chat_ids(tokenizer, EDIT)
+
+
 def filler_ids(tokenizer, n: int) -> list[int]:
     """n tokens of real text (a story sentence repeated), for length sweeps."""
     base = tokenizer(" Once upon a time, a small robot found a box of paints in an empty studio.",

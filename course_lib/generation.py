@@ -234,11 +234,19 @@ class Stopper:
 
 
 def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
-                   stop_strings: Sequence[str] = (), stop_ids=None) -> Iterator[Step]:
+                   stop_strings: Sequence[str] = (), stop_ids=None, draft=None, k: int = 4) -> Iterator[Step]:
     """The loop as a generator: prefill once, then yield each chosen token as a Step, then
     decode_step it, until a stop condition fires. The GenerationResult is the generator's return value
     (generate() and stream() collect it for you). stop_ids: None = the model's end-of-turn tokens;
-    () = none, so exactly max_new_tokens are made (what model.generate's min_new_tokens does)."""
+    () = none, so exactly max_new_tokens are made (what model.generate's min_new_tokens does).
+    draft: a drafter (speculative.py): k tokens are proposed and checked in one pass (greedy only)."""
+    if draft is not None:
+        if pick is not greedy:
+            raise ValueError("speculative decoding in the loop is greedy: leave pick at its default "
+                             "(speculative.accept_or_resample is the sampling rule, shown in lesson 14)")
+        from .speculative import speculative_steps
+        return (yield from speculative_steps(model, tokenizer, prompt_ids, max_new_tokens, draft=draft, k=k,
+                                             stop_strings=stop_strings, stop_ids=stop_ids))
     ids = check_request(model, prompt_ids, max_new_tokens)
     window = model.config.max_position_embeddings
     stop_ids = end_of_turn_ids(model, tokenizer) if stop_ids is None else stop_ids
@@ -266,11 +274,11 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
 
 def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
              stop_strings: Sequence[str] = (), on_step: Callable[[Step], None] | None = None,
-             stop_ids=None) -> GenerationResult:
+             stop_ids=None, draft=None, k: int = 4) -> GenerationResult:
     """The whole loop to the end. pick maps (V,) logits to (token ID, probability) (greedy by default);
-    on_step is called after every step (for live display); stop_ids as in generate_steps."""
+    on_step is called after every step (for live display); stop_ids, draft and k as in generate_steps."""
     steps = generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick, stop_strings=stop_strings,
-                           stop_ids=stop_ids)
+                           stop_ids=stop_ids, draft=draft, k=k)
     while True:
         try:
             step = next(steps)
@@ -309,10 +317,10 @@ class Stream:
 
 
 def stream(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
-           stop_strings: Sequence[str] = ()) -> Stream:
+           stop_strings: Sequence[str] = (), draft=None, k: int = 4) -> Stream:
     """The answer as text pieces while it is generated: `for piece in stream(...)`. The request is checked
     at once (a bad one raises here, not at the first piece); keep the object to read `.result` at the end."""
     check_request(model, prompt_ids, max_new_tokens)
     check_stop_strings(stop_strings)
     return Stream(generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick,
-                                 stop_strings=stop_strings), tokenizer)
+                                 stop_strings=stop_strings, draft=draft, k=k), tokenizer)

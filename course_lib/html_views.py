@@ -118,3 +118,13 @@ def attention_table(weights, tokens: list[str], title: str = "") -> str:
     return (f'<table style="border-collapse:collapse;font-family:monospace;font-size:11px">{caption}'
             f'<tr><th></th>{head}</tr>{"".join(rows)}</table>'
             '<div style="font-size:10px;color:#555">numbers: % of attention (shown from 10%); grey: masked (the future)</div>')
+
+
+def highlighted_tokens(pieces: list[str], marked: list[bool], legend: str = "marked") -> str:
+    """A text as its token pieces, the marked ones on a coloured background (for example: tokens a drafter
+    guessed and the model accepted). Whitespace is kept as it is."""
+    spans = [f'<span style="background:{PALETTE[2]}55">{html.escape(p)}</span>' if m else html.escape(p)
+             for p, m in zip(pieces, marked)]
+    return (f'<div style="font-size:12px;margin-bottom:4px"><span style="background:{PALETTE[2]}55">highlighted</span>: '
+            f'{html.escape(legend)} ({sum(marked)} of {len(marked)} tokens)</div>'
+            f'<div style="white-space:pre-wrap;font-family:monospace;font-size:13px">{"".join(spans)}</div>')

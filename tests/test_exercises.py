@@ -206,3 +206,14 @@ def test_lesson12():
     assert not lesson12.check_int8(lambda w: (torch.round(w / (w.abs().max() / 127)).to(torch.int8),
                                               (w.abs().max() / 127).repeat(w.shape[0]) * 0 + 1))  # scale wrong
     assert not lesson12.check_block(lambda w: ((w.max() - w.min()) / 16, w.min()))  # 16 steps instead of 15
+
+
+def test_lesson14():
+    from course_lib.exercises import lesson14
+    s = solution(14, None, None)
+    assert lesson14.check_speedup(s.speedup)
+    assert lesson14.check_lookup(s.lookup)
+    assert lesson14.check_tokens_per_verify(s.tokens_per_verify)
+    assert not lesson14.check_speedup(lambda tpv, step, d, k, v: tpv * step / v)  # forgot the drafts' cost
+    assert not lesson14.check_lookup(lambda c, k, n=2: c[:k])
+    assert not lesson14.check_tokens_per_verify(lambda a, k: a * k)  # independent, not a chain

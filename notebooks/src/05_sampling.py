@@ -112,28 +112,31 @@ print("same as course_lib:", torch.equal(toy_top_k(logits, 5), top_k_filter(logi
 #
 # One more knob works on the tokens already written rather than on the tail: the **repetition penalty**
 # divides the (positive) logit of every token seen so far by a factor (1 = off), so repeating becomes less
-# likely. On the question's prompt, the tokens it pushes down are those of the prompt itself:
+# likely. A small model left to itself repeats: here is a 100-token greedy poem, then the next-token
+# distribution 40 tokens in, before and after a penalty of 1.5:
 
 # %%
 from course_lib.sampling import repetition_penalty
-penalized = repetition_penalty(logits, prompt_ids, 1.5)
-for i in torch.topk(logits, 6).indices.tolist():
-    seen = "seen in the prompt" if i in prompt_ids else ""
-    print(f"{label(i)!r:>12}: p {float(logits.softmax(-1)[i]):.3f} -> {float(penalized.softmax(-1)[i]):.3f} {seen}")
+poem = context_ids(tokenizer, [{"role": "user", "content": "Write a poem about the sea."}])
+plain = generate(model, tokenizer, poem, max_new_tokens=100, stop_ids=())  # greedy, no early stop
+history = poem + plain.token_ids[:40]
+at = forward_logits(model, history)[0, -1]
+penalized = repetition_penalty(at, history, 1.5)
+for i in torch.topk(at, 6).indices.tolist():
+    print(f"{label(i)!r:>12}: p {float(at.softmax(-1)[i]):.3f} -> {float(penalized.softmax(-1)[i]):.3f}"
+          f"{'   already written' if i in history else ''}")
 
 # %% [markdown]
-# Over a longer answer it changes what gets written. A 60-token greedy story, without and with a penalty
-# of 1.3, and how many of its 3-token sequences occur more than once:
+# Over the whole answer: how many 3-token sequences occur more than once, without and with a penalty of 1.3?
 
 # %%
-story_prompt = context_ids(tokenizer, [{"role": "user", "content": "Write a short story about a robot who learns to paint."}])
 def repeated_trigrams(ids):
     grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
     return sum(grams.count(g) > 1 for g in set(grams))
-for penalty in [1.0, 1.3]:
-    pick = make_sampler(SamplingConfig(temperature=0, repetition_penalty=penalty), history=story_prompt)
-    out = generate(model, tokenizer, story_prompt, max_new_tokens=60, pick=pick, stop_ids=())
-    print(f"penalty {penalty}: {repeated_trigrams(out.token_ids)} repeated 3-grams | {out.text[:110]!r}")
+pick = make_sampler(SamplingConfig(temperature=0, repetition_penalty=1.3), history=poem)
+less = generate(model, tokenizer, poem, max_new_tokens=100, pick=pick, stop_ids=())
+for name, out in [("penalty 1.0", plain), ("penalty 1.3", less)]:
+    print(f"{name}: {repeated_trigrams(out.token_ids):>2} repeated 3-grams | {out.text[:100]!r}")
 
 # %% [markdown]
 # The explorer below has a `repetition` slider too (it penalizes the prompt's tokens).

@@ -121,6 +121,7 @@ plt.show()
 
 # %%
 runs = [json.loads(p.read_text()) for p in sorted(Path("../data/benchmarks").glob("bench-*.json"))]
+runs = [r for r in runs if {"prefill", "decode", "bandwidth"} <= set(r)]  # the runs that measured these sections
 print(f"{'machine':<34}{'dtype':<10}{'decode ms/tok':>14}{'prefill tok/s (max)':>21}{'bandwidth used':>16}")
 for r in runs:
     print(f"{r['machine']['name'][:33]:<34}{r['dtype']:<10}{r['decode'][0]['seconds_per_token'] * 1000:>14.1f}"

@@ -220,5 +220,4 @@ def block_params(w32):
 ex.check_block(block_params)
 
 # %% [markdown]
-# **Next:** Part II goes on with the paged cache, speculative decoding and structured output, each on this
-# model and its formats.
+# **Next:** 14 · speculative decoding: the 4-bit model as a drafter for the float32 one, and the same answer.

@@ -1,0 +1,101 @@
+"""Lesson 14: speculative greedy decoding gives the very same tokens as plain greedy, for every drafter and k;
+the sampling rule keeps the model's distribution (chi-square), and a wrong rule is caught."""
+import pytest
+import torch
+
+from course_lib import formats
+from course_lib.context import chat_ids, edit_ids, story_ids
+from course_lib.generation import generate, stream
+from course_lib.model import Model
+from course_lib.speculative import ModelDrafter, PromptLookup, accept_or_resample, early_exit, speculative_steps
+
+from test_sampling import _chi_square_p_value, real_logits  # noqa: F401 - real_logits is a fixture
+
+@pytest.fixture(scope="module")
+def ours(model):
+    return Model.from_transformers(model)
+
+
+@pytest.fixture(scope="module")
+def drafters(ours):
+    return {"lookup": lambda: PromptLookup(3), "int4": lambda: ModelDrafter(formats.convert(ours, "int4")),
+            "early": lambda: early_exit(ours, 8)}
+
+
+def test_prompt_lookup_copies_what_followed():
+    assert PromptLookup(2).propose([5, 6, 7, 8, 5, 6], 3) == [7, 8, 5]
+    assert PromptLookup(3).propose([1, 2, 3, 9, 2, 3], 2) == [9, 2]  # falls back to a shorter n-gram
+    assert PromptLookup(3).propose([1, 2, 3], 4) == []
+    with pytest.raises(ValueError, match="ngram"):
+        PromptLookup(0)
+
+
+@pytest.mark.parametrize("name", ["lookup", "int4", "early"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_same_tokens_as_plain_greedy(ours, tokenizer, drafters, name, k):
+    for prompt in (edit_ids(tokenizer), chat_ids(tokenizer, "What is the capital of France?")):
+        plain = generate(ours, tokenizer, prompt, 40)
+        spec = generate(ours, tokenizer, prompt, 40, draft=drafters[name](), k=k)
+        assert spec.token_ids == plain.token_ids and spec.stop_reason == plain.stop_reason
+        assert spec.speculative.verify_steps <= len(spec.token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lookup", "int4"])
+def test_a_story_is_identical(ours, tokenizer, drafters, name):
+    prompt = story_ids(tokenizer)
+    plain = generate(ours, tokenizer, prompt, 128, stop_ids=())
+    spec = generate(ours, tokenizer, prompt, 128, stop_ids=(), draft=drafters[name](), k=6)
+    assert spec.token_ids == plain.token_ids
+
+
+def test_prompt_lookup_accepts_a_lot_on_a_grounded_edit(ours, tokenizer):
+    prompt = edit_ids(tokenizer)
+    spec = generate(ours, tokenizer, prompt, 60, draft=PromptLookup(3), k=6)
+    stats = spec.speculative
+    assert stats.tokens_per_verify > 1.5 and 0 < stats.acceptance_rate <= 1
+    assert len(spec.token_ids) <= 1 + stats.accepted + stats.verify_steps  # the first token, then accepted + 1 per verify
+
+
+def test_stop_strings_and_streaming_behave_as_everywhere(ours, tokenizer):
+    prompt = chat_ids(tokenizer, "What is the capital of France?")
+    stopped = generate(ours, tokenizer, prompt, 30, stop_strings=["France"], draft=PromptLookup(), k=4)
+    assert stopped.stop_reason == "stop_string" and stopped.text.endswith("France")
+    s = stream(ours, tokenizer, prompt, 30, draft=early_exit(ours, 6), k=3)
+    assert "".join(s) == "The capital of France is Paris." and s.result.stop_reason == "end_of_turn"
+
+
+def test_bad_draft_arguments_are_refused(ours, tokenizer):
+    prompt = chat_ids(tokenizer, "Hi")
+    with pytest.raises(ValueError, match="k"):
+        list(speculative_steps(ours, tokenizer, prompt, 5, draft=PromptLookup(), k=0))
+    with pytest.raises(TypeError, match="propose"):
+        generate(ours, tokenizer, prompt, 5, draft="lookup")
+    with pytest.raises(ValueError, match="layers"):
+        early_exit(ours, 30)
+
+
+def _draws(p, q, rule, n=20_000):
+    """n outputs of the rule; each time the drafter first draws its guess from q (one-hot q: always the same)."""
+    generator = torch.Generator().manual_seed(0)
+    out = [rule(p, q, int(torch.multinomial(q, 1, generator=generator)), generator) for _ in range(n)]
+    return torch.bincount(torch.tensor(out), minlength=p.numel())
+
+
+def test_the_sampling_rule_keeps_the_models_distribution(real_logits):
+    p = torch.softmax(real_logits[0].topk(12).values, -1)  # 12 real probabilities
+    for q in (torch.nn.functional.one_hot(torch.tensor(3), 12).float(),  # a deterministic drafter
+              torch.softmax(torch.linspace(1, -1, 12), -1)):  # a drafter with its own distribution
+        assert _chi_square_p_value(_draws(p, q, accept_or_resample), p) > 1e-3
+
+
+def test_a_wrong_rule_is_caught(real_logits):
+    p = torch.softmax(real_logits[0].topk(12).values, -1)
+    q = torch.nn.functional.one_hot(torch.tensor(3), 12).float()
+
+    def wrong(p, q, drafted, generator):  # accept like the rule, but on rejection draw from p itself
+        if torch.rand((), generator=generator) < min(1.0, float(p[drafted] / q[drafted])):
+            return drafted
+        return int(torch.multinomial(p, 1, generator=generator))
+
+    assert _chi_square_p_value(_draws(p, q, wrong), p) < 1e-3
