@@ -170,6 +170,43 @@ def speculative_section(model, tokenizer, quick: bool = False, k: int = 4) -> li
     return rows
 
 
+def structured_section(model, tokenizer, quick: bool = False) -> dict:
+    """Lesson 15: the receipts of data/receipts.json asked free and with the JSON Schema mask: the share that
+    parse and validate; milliseconds per token of the engine's mask, of the hand-written mask, and of a
+    decode step (medians)."""
+    import jsonschema
+    from .context import chat_ids
+    from .generation import generate
+    from .structured import ChoiceMask, MaskLog, generate_json, masked_pick, RECEIPT_SCHEMA, receipt_request, receipts
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    items = receipts()[:2] if quick else receipts()
+    valid_free = valid_constrained = 0
+    mask_s, decode_s = [], []
+    for r in items:
+        messages = receipt_request(r["text"])
+        free = generate(model, tokenizer, chat_ids(tokenizer, messages[0]["content"]), 80)
+        decode_s += free.inter_token_seconds
+        inner = free.text[free.text.find("{"):free.text.rfind("}") + 1]  # generous: prose around the object is cut
+        try:
+            jsonschema.validate(json.loads(inner), RECEIPT_SCHEMA)
+            valid_free += 1
+        except (ValueError, jsonschema.ValidationError):
+            pass
+        constrained = generate_json(model, tokenizer, messages, RECEIPT_SCHEMA, 96)
+        mask_s += constrained.mask.seconds[1:]  # note: the first mask includes compiling the grammar's lexer
+        try:
+            jsonschema.validate(constrained.value, RECEIPT_SCHEMA)
+            valid_constrained += constrained.complete
+        except jsonschema.ValidationError:
+            pass
+    log = MaskLog()
+    generate(model, tokenizer, chat_ids(tokenizer, "Is Paris the capital of France? Answer yes or no."), 4,
+             pick=masked_pick(ChoiceMask(tokenizer, 2, ["yes", "no"]), log=log))
+    return {"requests": len(items), "valid_free": valid_free / len(items), "valid_constrained": valid_constrained / len(items),
+            "mask_ms_per_token": 1000 * median(mask_s), "hand_mask_ms_per_token": 1000 * median(log.seconds),
+            "decode_ms_per_token": 1000 * median(decode_s)}
+
+
 def _load_section(model, tokenizer, quick):
     from .loading import time_cached_load
     return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
@@ -207,9 +244,11 @@ def detokenize_ms_per_token(tokenizer, n: int, last: int = 100) -> float:
 
 def _widgets_section(model, tokenizer):
     from .forward import forward_logits
-    from .widgets import redraw_ms  # note: the only way the bench reaches widget code, and only in this section
+    from .widgets import redraw_ms, tokenizer_box_ms  # note: the bench reaches widget code only in this section
     logits = forward_logits(model, story_ids(tokenizer))[0, -1].cpu()
-    return redraw_ms(logits, {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()})
+    out = redraw_ms(logits, {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()})
+    out["tokenizer_box_200k_chars_ms"] = tokenizer_box_ms(tokenizer)
+    return out
 
 
 # Each section returns a dict merged into the result; its keys are the JSON keys the issues name.
@@ -228,6 +267,7 @@ SECTIONS = {
     "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
     "formats": ("lesson 12: weight formats, speed and quality", lambda m, t, q: {"formats": formats_section(m, t, q)}),
     "speculative": ("lesson 14: speculative decoding", lambda m, t, q: {"speculative": speculative_section(m, t, q)}),
+    "structured": ("lesson 15: structured output", lambda m, t, q: {"structured": structured_section(m, t, q)}),
 }
 
 
@@ -302,6 +342,12 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
         story = max((r for r in rows if r["task"] == "story"), key=lambda r: r["speedup"])
         out.append((f"speculative: best drafter on free writing ({story['drafter']}) faster than none",
                     f"{story['speedup']:.2f}x", story["speedup"] > 1.0))
+    if "structured" in result:
+        st = result["structured"]
+        out.append(("structured: every constrained answer valid", f"{st['valid_constrained']:.0%} (free: {st['valid_free']:.0%})",
+                    st["valid_constrained"] == 1.0))
+        out.append(("structured: the engine's mask under a tenth of a decode step",
+                    f"{st['mask_ms_per_token']:.2f} vs {st['decode_ms_per_token']:.1f} ms", st["mask_ms_per_token"] < st["decode_ms_per_token"] / 10))
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",

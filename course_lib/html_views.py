@@ -19,9 +19,10 @@ def _visible(text: str) -> str:
 MAX_CHIPS = 2000  # a pasted book stays responsive: at most this many chips, then a count of the rest
 
 
-def token_chips(tokens, title: str = "", limit: int = MAX_CHIPS) -> str:
+def token_chips(tokens, title: str = "", limit: int = MAX_CHIPS, total: int | None = None) -> str:
     """One coloured chip per token with its ID underneath; special tokens dark, byte fragments dashed.
-    At most `limit` chips are drawn, then a line "… N more tokens" (the title's count is the whole text's)."""
+    At most `limit` chips are drawn, then a line "… N more tokens"; `total`: the whole text's token count
+    when only the first tokens were passed in."""
     chips = []
     for n, tok in enumerate(tokens[:limit]):
         if tok.special:
@@ -34,17 +35,20 @@ def token_chips(tokens, title: str = "", limit: int = MAX_CHIPS) -> str:
             f'margin:2px;padding:1px 4px;border-radius:4px;border:{border};{style};font-family:monospace">'
             f'<span style="white-space:pre">{_visible(tok.text) if tok.complete else html.escape(tok.text)}</span>'
             f'<span style="font-size:9px;opacity:.7">{tok.id}</span></span>')
-    if len(tokens) > limit:
-        chips.append(f'<div style="opacity:.7;font-style:italic">… {len(tokens) - limit:,} more tokens '
+    total = len(tokens) if total is None else total
+    if total > min(limit, len(tokens)):
+        chips.append(f'<div style="opacity:.7;font-style:italic">… {total - min(limit, len(tokens)):,} more tokens '
                      f'(only the first {limit:,} are drawn)</div>')
     head = f'<div style="font-weight:bold;margin-top:6px">{_visible(title).replace("␣", " ")}</div>' if title else ""
     return f'{head}<div style="line-height:2.2">{"".join(chips)}</div>'
 
 
-def compare(model_tokens, cl100k_tokens, model_name: str = "SmolLM2 tokenizer") -> str:
-    """Both tokenizations of one text, one above the other, with their counts."""
-    return (token_chips(model_tokens, f"{model_name}: {len(model_tokens)} tokens")
-            + token_chips(cl100k_tokens, f"cl100k_base (GPT-4): {len(cl100k_tokens)} tokens"))
+def compare(model_tokens, cl100k_tokens, model_name: str = "SmolLM2 tokenizer", totals: tuple[int, int] | None = None) -> str:
+    """Both tokenizations of one text, one above the other, with their counts (totals: the whole text's counts
+    when only the first tokens of each were passed in)."""
+    n_model, n_cl = totals or (len(model_tokens), len(cl100k_tokens))
+    return (token_chips(model_tokens, f"{model_name}: {n_model:,} tokens", total=n_model)
+            + token_chips(cl100k_tokens, f"cl100k_base (GPT-4): {n_cl:,} tokens", total=n_cl))
 
 
 

@@ -43,12 +43,13 @@ class ChatRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    schema: dict | None = None  # response_format json_schema / json_object: the schema the answer must follow
 
 
 # Parameters that would change the answer and that this server does not implement: refused, never ignored.
 UNSUPPORTED = {"top_k": None, "logprobs": False, "top_logprobs": None, "tools": None, "tool_choice": None,
                "functions": None, "function_call": None, "logit_bias": None, "presence_penalty": 0,
-               "frequency_penalty": 0, "response_format": None, "audio": None, "modalities": None,
+               "frequency_penalty": 0, "audio": None, "modalities": None,
                "prediction": None, "reasoning_effort": None, "web_search_options": None}
 
 
@@ -100,7 +101,7 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
                        "model", "model_not_found")
     for name, neutral in UNSUPPORTED.items():
         value = payload.get(name)
-        if value is not None and value != neutral and not (name == "response_format" and value == {"type": "text"}):
+        if value is not None and value != neutral:
             raise ApiError(400, f"'{name}' is not supported by this server (it would change the answer, so it is "
                            "refused rather than ignored)", name, "unsupported_parameter")
     if _integer(payload, "n", 1, 1) != 1:
@@ -131,7 +132,26 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
     options = payload.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options", "invalid_type")
-    return ChatRequest(messages, max_tokens, temperature=_number(payload, "temperature", 1.0, 0.0, 2.0),
+    return ChatRequest(messages, max_tokens, schema=_response_format(payload.get("response_format")),
+                       temperature=_number(payload, "temperature", 1.0, 0.0, 2.0),
                        top_p=_number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True),
                        seed=_integer(payload, "seed", None), stop=stop, stream=stream,
                        include_usage=bool(options.get("include_usage")) and stream)
+
+
+def _response_format(fmt) -> dict | None:
+    """OpenAI's response_format: {"type": "text"} (or absent), {"type": "json_object"}, or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}. Returns the schema to enforce."""
+    if fmt is None or fmt == {"type": "text"}:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise ApiError(400, "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                       "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                       "response_format", "invalid_value")
+    if fmt["type"] == "json_object":
+        return {"type": "object"}
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema object",
+                       "response_format", "invalid_value")
+    return spec["schema"]

@@ -184,8 +184,15 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             return _error(429, f"the server is busy ({max_concurrent} requests in flight); retry shortly",
                           "rate_limit_error", code="too_many_requests")
         allowed = min(req.max_tokens, max_tokens_cap, window - len(prompt))
-        job = Job(f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids,
-                  None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed),
+        pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed)
+        if req.schema is not None:  # structured output: a grammar mask in front of the picker (lesson 15)
+            from .sampling import greedy
+            from .structured import SchemaError, SchemaMask, masked_pick
+            try:
+                pick = masked_pick(SchemaMask(tokenizer, req.schema), pick or greedy)
+            except SchemaError as err:
+                return _error(400, str(err), param="response_format", code="invalid_schema")
+        job = Job(f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids, pick,
                   stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop))
         headers = {"x-max-tokens-clamped": str(allowed)} if allowed < req.max_tokens else {}
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()

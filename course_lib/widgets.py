@@ -14,7 +14,7 @@ import torch
 
 from . import html_views
 from .sampling import SamplingConfig, logits_to_probs, reshape, sample
-from .tokenization import cl100k_tokens, model_tokens
+from .tokenization import Token, cl100k, encode, tokens_of
 
 
 def tokenizer_box(tokenizer, text: str = "Crème brûlée in 東京 costs 1,250 yen 🍮") -> W.VBox:
@@ -24,7 +24,11 @@ def tokenizer_box(tokenizer, text: str = "Crème brûlée in 東京 costs 1,250 
     out = W.HTML()
 
     def render(change=None):
-        out.value = html_views.compare(model_tokens(tokenizer, box.value), cl100k_tokens(box.value))
+        # note: count every token, but build chips only for those drawn (a pasted book stays responsive)
+        ids, cl_ids = encode(tokenizer, box.value), cl100k().encode(box.value, disallowed_special=())
+        cap = html_views.MAX_CHIPS
+        cl_tokens = [Token(i, cl100k().decode_single_token_bytes(i)) for i in cl_ids[:cap]]
+        out.value = html_views.compare(tokens_of(tokenizer, ids[:cap]), cl_tokens, totals=(len(ids), len(cl_ids)))
 
     box.observe(render, names="value")
     render()
@@ -137,3 +141,13 @@ def redraw_ms(logits, labels: dict[int, str]) -> dict:
         a_times.append(attention.last_update_ms)
     return {"sampling_explorer_ms": sorted(s_times)[len(s_times) // 2],
             "attention_explorer_ms": sorted(a_times)[len(a_times) // 2]}
+
+
+def tokenizer_box_ms(tokenizer, chars: int = 200_000) -> float:
+    """Milliseconds for the tokenizer box to redraw after a pasted book of `chars` characters (both tokenizers,
+    the chips capped at html_views.MAX_CHIPS each), for the bench."""
+    box = tokenizer_box(tokenizer, "")
+    text = ("The bank is closed because they had no money left. Crème brûlée in 東京 🍮. " * (chars // 70 + 1))[:chars]
+    start = time.perf_counter()
+    box.children[0].value = text  # the same observer a key press triggers
+    return (time.perf_counter() - start) * 1000

@@ -64,3 +64,18 @@ def test_committed_benchmarks_are_readable():
         assert {"machine", "when"} <= set(data)
         if "engine" in data:
             assert data["engine"]["same_tokens"] is True
+
+
+def test_part_two_sections_report_their_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="speculative,structured", progress=False)
+    rows = result["speculative"]
+    assert {(r["drafter"], r["task"]) for r in rows} >= {("prompt_lookup", "grounded_edit"), ("int4_model", "story")}
+    for r in rows:
+        assert set(r) == {"drafter", "task", "k", "acceptance_rate", "tokens_per_verify", "tokens_per_s",
+                          "baseline_tokens_per_s", "speedup", "same_tokens"}
+        assert r["same_tokens"] is True and 0 <= r["acceptance_rate"] <= 1 and r["tokens_per_verify"] >= 1
+    st = result["structured"]
+    assert st["valid_constrained"] == 1.0 and 0 <= st["valid_free"] <= 1
+    assert st["mask_ms_per_token"] > 0 and st["hand_mask_ms_per_token"] > 0 and st["decode_ms_per_token"] > 0
+    names = [what for what, _, _ in targets(result)]
+    assert any("grounded edit" in n for n in names) and any("constrained answer valid" in n for n in names)

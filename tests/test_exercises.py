@@ -217,3 +217,14 @@ def test_lesson14():
     assert not lesson14.check_speedup(lambda tpv, step, d, k, v: tpv * step / v)  # forgot the drafts' cost
     assert not lesson14.check_lookup(lambda c, k, n=2: c[:k])
     assert not lesson14.check_tokens_per_verify(lambda a, k: a * k)  # independent, not a chain
+
+
+def test_lesson15(model, tokenizer):
+    from course_lib.exercises import lesson15
+    s = solution(15, model, tokenizer)
+    assert lesson15.check_yes_no(s.yes_no_allowed, tokenizer)
+    assert lesson15.check_after_age(s.allowed_after_age, tokenizer)
+    assert lesson15.check_city_schema(s.city_schema, model, tokenizer)
+    assert not lesson15.check_yes_no(lambda text: [2], tokenizer)
+    assert not lesson15.check_after_age(lambda: [" 4", "4", "-"], tokenizer)
+    assert not lesson15.check_city_schema(lambda: {"type": "object"}, model, tokenizer)

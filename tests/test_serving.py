@@ -229,3 +229,21 @@ def test_api_key_is_checked_as_the_bearer_token(model, tokenizer):
         assert httpx.get(handle.url + "/health", timeout=10).status_code == 200  # the health check stays open
     finally:
         handle.stop()
+
+
+def test_response_format_json_schema_with_the_openai_client(client):
+    schema = {"type": "object", "required": ["city"], "additionalProperties": False,
+              "properties": {"city": {"type": "string"}}}
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+    value = json.loads(reply.choices[0].message.content)
+    assert set(value) == {"city"} and reply.choices[0].finish_reason == "stop"
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0,
+                                           response_format={"type": "json_object"})
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+def test_a_bad_schema_is_refused_before_generation(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={"messages": QUESTION, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_schema"

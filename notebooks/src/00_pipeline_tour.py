@@ -230,7 +230,7 @@ print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens
 # | 6-8 Loop, stop, detokenize, stream | 06 generation and streaming |
 # | The loop made fast | 07 KV cache, 08 prefill and decode, 09 batching |
 # | 1 and 8 over the network | 10 serving |
-# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 14 speculative decoding |
+# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 14 speculative decoding; 15 structured output |
 
 # %% [markdown]
 # ---

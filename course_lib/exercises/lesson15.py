@@ -1,0 +1,64 @@
+"""Checks for 15_structured_output: a yes/no mask by hand, what may follow {"age":, and a schema of your own."""
+from __future__ import annotations
+
+from ..structured import ChoiceMask, SchemaMask, generate_json
+from . import safely, verdict
+
+AGE_SCHEMA = {"type": "object", "properties": {"age": {"type": "integer"}}}
+CANDIDATES = [" 4", "4", "-", '"4"', "}"]
+
+
+def check_yes_no(yes_no_allowed, tokenizer) -> bool:
+    """yes_no_allowed(text_so_far) -> token IDs allowed next for the language {"yes", "no"}."""
+    for text in ["", "y", "ye", "yes", "n", "no"]:
+        ok, got = safely(yes_no_allowed, text)
+        if not ok:
+            return verdict(False, "", got)
+        mask = ChoiceMask(tokenizer, 2, ["yes", "no"])
+        mask.text = text
+        want = set(mask.allowed().nonzero().flatten().tolist())
+        if set(got or []) != want:
+            return verdict(False, "", f"after {text!r} you allowed {len(set(got or []))} tokens, the rule allows {len(want)}. "
+                           "Hint: token t is allowed if text + texts[t] starts one of the answers; ID 2 only if text is one")
+    return verdict(True, "your mask matches course_lib's ChoiceMask at every step", "")
+
+
+def allowed_after(tokenizer, prefix: str = '{"age":') -> list[str]:
+    """Which CANDIDATES the JSON engine allows after `prefix` (compact whitespace), by their first token."""
+    mask = SchemaMask(tokenizer, AGE_SCHEMA)
+    for t in tokenizer(prefix, add_special_tokens=False)["input_ids"]:
+        mask.consume(t)
+    allowed = mask.allowed()
+    return [c for c in CANDIDATES if bool(allowed[tokenizer(c, add_special_tokens=False)["input_ids"][0]])]
+
+
+def check_after_age(allowed_after_age, tokenizer) -> bool:
+    ok, got = safely(allowed_after_age)
+    if not ok:
+        return verdict(False, "", got)
+    want = allowed_after(tokenizer)
+    if sorted(got or []) != sorted(want):
+        return verdict(False, "", f"you said {got!r}. Hint: an integer must start here, with no space in compact JSON "
+                       "(a digit or a minus sign); a string or a closing brace cannot")
+    return verdict(True, f"the engine allows exactly {want}", "")
+
+
+def check_city_schema(city_schema, model, tokenizer) -> bool:
+    import jsonschema
+    ok, schema = safely(city_schema)
+    if not ok:
+        return verdict(False, "", schema)
+    props = (schema or {}).get("properties", {})
+    if set(props) != {"city", "population"} or schema.get("additionalProperties") is not False \
+            or set(schema.get("required", [])) != {"city", "population"}:
+        return verdict(False, "", "the schema needs exactly the properties city and population, both required, and "
+                       "additionalProperties: false")
+    if props["city"].get("maxLength") != 20 or props["population"].get("type") != "integer" \
+            or props["population"].get("minimum") != 0 or props["population"].get("maximum") != 100_000_000:
+        return verdict(False, "", "city needs maxLength 20; population type integer, minimum 0, maximum 100000000")
+    r = generate_json(model, tokenizer, [{"role": "user", "content": "Give the capital of France and its population as JSON."}],
+                      schema, 48)
+    if not r.complete:
+        return verdict(False, "", f"the answer did not finish within 48 tokens: {r.text!r}")
+    jsonschema.validate(r.value, schema)
+    return verdict(True, f"the model answered {r.text}, valid for your schema", "")

@@ -1,0 +1,84 @@
+"""Lesson 15: with the mask the answer is valid for its schema, every time; bad schemas are refused early."""
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from course_lib.context import chat_ids
+from course_lib.generation import generate
+from course_lib.sampling import SamplingConfig, make_sampler
+from course_lib.structured import (ChoiceMask, MaskLog, PatternMask, SchemaError, SchemaMask, generate_json,
+                                   masked_pick)
+
+RECEIPTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "receipts.json").read_text())["receipts"]
+RECEIPT = {"type": "object", "additionalProperties": False, "required": ["name", "date", "amount"],
+           "properties": {"name": {"type": "string", "maxLength": 40}, "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+                          "amount": {"type": "number", "minimum": 0}}}
+SCHEMAS = {
+    "receipt": RECEIPT,
+    "nested": {"type": "object", "required": ["person", "items"], "additionalProperties": False, "properties": {
+        "person": {"type": "object", "required": ["name"], "additionalProperties": False,
+                   "properties": {"name": {"type": "string", "maxLength": 40}}},
+        "items": {"type": "array", "minItems": 1, "maxItems": 3, "items": {"type": "string", "maxLength": 30}}}},
+    "enum_and_bounds": {"type": "object", "required": ["currency", "rating"], "additionalProperties": False, "properties": {
+        "currency": {"enum": ["EUR", "USD", "GBP", "JPY", "SEK"]},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5}}},
+}
+
+
+# note: every string has a maxLength: a small model can otherwise write one string until the token limit
+# (seen here with an unbounded array of strings), which no mask can turn into a finished answer.
+
+
+def ask(receipt):
+    return [{"role": "user", "content": "Extract the name, the date (YYYY-MM-DD) and the amount as JSON: " + receipt["text"]}]
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_constrained_output_validates(model, tokenizer, name):
+    for receipt in RECEIPTS[:3]:
+        r = generate_json(model, tokenizer, ask(receipt), SCHEMAS[name], 96)
+        assert r.complete and r.stop_reason == "end_of_turn", r.text
+        jsonschema.validate(r.value, SCHEMAS[name])
+        assert json.loads(r.text) == r.value and "  " not in r.text and "\n" not in r.text  # compact whitespace
+
+
+def test_sampled_constrained_output_validates_too(model, tokenizer):
+    pick = make_sampler(SamplingConfig(temperature=1.0), seed=3)
+    r = generate_json(model, tokenizer, ask(RECEIPTS[3]), RECEIPT, 96, pick=pick)
+    assert r.complete
+    jsonschema.validate(r.value, RECEIPT)
+
+
+def test_a_limit_inside_the_value_is_reported_not_returned_as_json(model, tokenizer):
+    r = generate_json(model, tokenizer, ask(RECEIPTS[0]), RECEIPT, 5)
+    assert not r.complete and r.value is None and r.stop_reason == "max_new_tokens"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.text)
+
+
+@pytest.mark.parametrize("schema", [{"type": "nope"}, "{not json", {"type": "object", "properties": {"a": {"$ref": "#/x"}}}])
+def test_bad_schemas_fail_before_generation(tokenizer, schema):
+    with pytest.raises(SchemaError, match="compiled"):
+        SchemaMask(tokenizer, schema)
+
+
+def test_the_hand_masks(model, tokenizer):
+    log = MaskLog()
+    yes_no = generate(model, tokenizer, chat_ids(tokenizer, "Is Paris the capital of France? Answer yes or no."), 5,
+                      pick=masked_pick(ChoiceMask(tokenizer, 2, ["yes", "no"]), log=log))
+    assert yes_no.text in ("yes", "no") and yes_no.stop_reason == "end_of_turn"
+    assert log.allowed[-1] == 1 and 0 <= log.removed_mass[0] <= 1  # at the end only the end-of-turn token remains
+    date = generate(model, tokenizer, chat_ids(tokenizer, "When did the Berlin Wall fall? Answer as YYYY-MM-DD."), 12,
+                    pick=masked_pick(PatternMask(tokenizer, 2, "9999-99-99")))
+    assert len(date.text) == 10 and date.text[4] == date.text[7] == "-" and date.text.replace("-", "").isdigit()
+
+
+def test_pattern_and_choice_rules(tokenizer):
+    m = PatternMask(tokenizer, 2, "9+")
+    assert m.is_prefix("12") and not m.is_prefix("1a") and m.is_complete("7") and not m.is_complete("")
+    c = ChoiceMask(tokenizer, 2, ["yes", "no"])
+    assert c.is_prefix("ye") and not c.is_prefix("yo") and c.is_complete("no") and not c.is_complete("n")
+    with pytest.raises(ValueError, match="choices"):
+        ChoiceMask(tokenizer, 2, [])
