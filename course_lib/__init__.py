@@ -4,10 +4,11 @@
     model, tokenizer = course_lib.load_model()
 
 Modules, in pipeline order: runtime (device, dtype, timing), loading (model and tokenizer),
-tokenization, context, forward, attention, sampling, generation (the one inference core), kv_cache,
-batching, serving; Part II: model (SmolLM2 written out). Measurements: bench, engine_speed. Pictures
-only: plots, plots_perf, html_views, widgets. Also doctor and exercises. Nothing heavy is imported
-until it is used.
+tokenization, context, forward (one pass) and anatomy (inside it), attention, sampling, generation
+(the one inference core), kv_cache, batching, serving with openai_api (the request dialect); Part II:
+model (SmolLM2 written out), formats (weight formats), speculative (drafters, verify), structured
+(grammar masks). Measurements: bench, engine_speed. Pictures only: plots, plots_perf, html_views,
+widgets. Also doctor and exercises. Nothing heavy is imported until it is used.
 """
 import importlib
 

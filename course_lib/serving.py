@@ -6,7 +6,8 @@ POST /v1/chat/completions (JSON or, with "stream": true, server-sent events), GE
 GET /health; `start_server` runs it with uvicorn on 127.0.0.1 only, on the port you choose, and
 returns a handle whose stop() shuts everything down. Requests are read by openai_api (OpenAI's
 dialect and defaults; every error, unknown routes included, in OpenAI's error shape); stop strings
-go through the same generation.Stopper as in a notebook. max_tokens above the cap is clamped to it
+go through the same generation.Stopper as in a notebook; response_format (json_schema, json_object)
+puts lesson 15's grammar mask in front of the picker. max_tokens above the cap is clamped to it
 (the header x-max-tokens-clamped says so); a client that disconnects, streaming or not, is dropped
 from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
 network, with a generated API key and a concurrency cap.
