@@ -22,7 +22,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
-from .model import Layer, Linear, Model
+from .model import Linear, Model
 
 # name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
 FORMATS = {

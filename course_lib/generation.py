@@ -55,6 +55,17 @@ class GenerationResult:
     stop_reason: str  # one of STOP_REASONS
     steps: list[Step] = field(default_factory=list)
 
+    def record(self, token: int, prob: float, tokenizer, at: float) -> Step:
+        """Append one new token (the loop and the speculative loop both record through here)."""
+        step = Step(len(self.token_ids), token, tokenizer.decode([token]), prob, at)
+        self.token_ids.append(token)
+        self.steps.append(step)
+        return step
+
+    def finish(self, reason: str, tokenizer) -> "GenerationResult":
+        self.stop_reason, self.text = reason, tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        return self
+
     @property
     def finish_reason(self) -> str:
         """The stop reason in OpenAI's words ("stop" or "length")."""
@@ -259,17 +270,11 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
     while True:
         token, prob = pick(logits[0])
         synchronize(device)
-        step = Step(len(result.token_ids), token, tokenizer.decode([token]), prob, time.perf_counter() - start)
-        result.token_ids.append(token)
-        result.steps.append(step)
-        yield step
+        yield result.record(token, prob, tokenizer, time.perf_counter() - start)
         reason = stopper.update(token)
         if reason:
-            result.stop_reason = reason
-            break
+            return result.finish(reason, tokenizer)
         logits, cache = decode_step(model, [token], cache)  # note: only for a token we will use
-    result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    return result
 
 
 def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,

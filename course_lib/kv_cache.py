@@ -107,11 +107,6 @@ def _set(cache, keys, values) -> None:
             layer.keys, layer.values = k, v
 
 
-def filled(cache) -> int:
-    """Columns in use (cached tokens per row, padding included)."""
-    return cache.length if isinstance(cache, KVCache) else cache.get_seq_length()
-
-
 def select_rows(cache, index: torch.Tensor):
     """Keep only these batch rows (a request left the batch). Works on ours and on DynamicCache."""
     keys, values = _tensors(cache)
@@ -177,6 +172,7 @@ def run_with_cache(model, prompt_ids, n_new: int) -> TimedRun:
     synchronize(model.device)
     start = time.perf_counter()
     logits, cache = prefill(model, ids, capacity=len(ids) + n_new)
+    token = None
     for i in range(n_new):
         if i:
             logits, cache = decode_step(model, [token], cache)  # the step that produces token i

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .generation import GenerationResult, Step, Stopper, check_request, decode_step, end_of_turn_ids, prefill, run_model
+from .generation import GenerationResult, Stopper, check_request, decode_step, end_of_turn_ids, prefill, run_model
 from .kv_cache import KVCache
 from .runtime import synchronize
 from .sampling import greedy
@@ -151,17 +151,12 @@ def speculative_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
     while True:
         for token, prob, drafted in pending:
             synchronize(model.device)
-            step = Step(len(result.token_ids), token, tokenizer.decode([token]), prob, time.perf_counter() - begin)
             if drafted:
-                stats.accepted_at.append(step.index)
-            result.token_ids.append(token)
-            result.steps.append(step)
-            yield step
+                stats.accepted_at.append(len(result.token_ids))
+            yield result.record(token, prob, tokenizer, time.perf_counter() - begin)
             reason = stopper.update(token)
             if reason:
-                result.stop_reason = reason
-                result.text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-                return result
+                return result.finish(reason, tokenizer)
         context = ids + result.token_ids
         room = min(k, window - len(context) - 1, max_new_tokens - len(result.token_ids))
         proposal = draft.propose(context, room)[:room] if room > 0 else []

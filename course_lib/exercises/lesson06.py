@@ -1,8 +1,6 @@
 """Checks for 06_generation_streaming: a loop by hand, a streamer that never breaks a character, TTFT's share."""
 from __future__ import annotations
 
-import torch
-
 from ..generation import GenerationResult, Step, generate
 from ..kv_cache import run_without_cache
 from . import safely, verdict
