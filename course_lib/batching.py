@@ -8,10 +8,13 @@ Every forward pass goes through generation.prefill / decode_step, every token th
 picker (greedy unless one is given: then it samples) and every stop through generation.Stopper, so
 a batched request stops exactly as it would alone, stop strings included. Every request's timeline
 is recorded. Works on the library's model and on the course's own (`model.Model`).
-What it does not do: page the KV cache (lesson 13).
+`PagedBatch` (lesson 13) schedules over a paged KV cache instead: admission by free blocks, each prompt
+prefilled alone past its cached prefix, preemption and recompute (or rejection) when the pool is full.
+What it does not do: manage the blocks themselves (paged.py does).
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +22,7 @@ import torch
 
 from . import kv_cache
 from .generation import Pick, Stopper, decode_step, end_of_turn_ids, prefill
+from .paged import OutOfBlocks, Sequence, blocks_for
 from .sampling import greedy
 
 
@@ -174,3 +178,161 @@ def throughput_latency(model, prompt: list[int], batch_sizes: list[int], new_tok
         rows.append({"batch": size, "seconds": seconds, "tokens_per_s": size * new_tokens / seconds,
                      "latency_s": seconds})
     return rows
+
+
+REJECTED = "rejected"  # a scheduler's verdict, not a stop: the request never ran (the memory could not hold it)
+PAGED_POLICIES = ("preempt", "reject")
+
+
+class PagedBatch:
+    """Continuous batching over a paged KV cache (lesson 13). Jobs wait in a queue and are admitted when
+    their blocks fit; each is prefilled alone (its cached prefix skipped), then all running jobs decode
+    together through their block tables. When a running job needs a block and none is free:
+    "preempt" (vLLM's way) frees the most recently admitted job's blocks and puts it back at the front of
+    the queue, to be recomputed later (prompt and tokens so far, minus what the prefix cache still holds);
+    "reject" instead admits a job only if blocks for its prompt plus all its new tokens can be reserved,
+    and turns it away otherwise. Same interface as ContinuousBatch (jobs, add, step), so the server runs it."""
+
+    def __init__(self, model, pool, policy: str = "preempt", max_batch: int = 8, clock: float | None = None):
+        if policy not in PAGED_POLICIES:
+            raise ValueError(f"policy must be one of {PAGED_POLICIES}, got {policy!r}")
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be a whole number >= 1, got {max_batch!r}")
+        self.model, self.pool, self.policy, self.max_batch = model, pool, policy, max_batch
+        self.waiting: list[Job] = []  # first in, first out; a preempted job goes back to the front
+        self.running: list[Job] = []  # in order of admission
+        self.seqs, self.logits, self.reserved = {}, {}, {}  # by job name: Sequence, (V,) logits, blocks reserved
+        self.clock = time.perf_counter() if clock is None else clock
+        self.window = model.config.max_position_embeddings
+        self.preempted = self.recomputed_tokens = self.rejected = 0
+        # note: bounded, so a server running for days does not grow them without end
+        self.events = collections.deque(maxlen=100_000)  # (seconds, job name, what happened)
+        self.memory = collections.deque(maxlen=100_000)  # per step: (seconds, blocks used, tokens a contiguous cache reserves)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return self.running + self.waiting
+
+    def now(self) -> float:
+        return time.perf_counter() - self.clock
+
+    def add(self, newcomers: list[Job]) -> None:
+        for job in newcomers:
+            if job.stopper is None:
+                job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
+            self.seqs[job.name] = Sequence(list(job.prompt))
+            self.waiting.append(job)
+
+    def _leave(self, job: Job, reason: str, stamp: float) -> None:
+        job.finish_reason, job.end = reason, stamp
+        self.events.append((stamp, job.name, reason))
+        if job in self.running:
+            self.running.remove(job)
+            self.pool.free(self.seqs[job.name])
+        elif job in self.waiting:
+            self.waiting.remove(job)
+        self.seqs.pop(job.name, None)
+        self.logits.pop(job.name, None)
+        self.reserved.pop(job.name, None)
+
+    def _admit(self) -> None:
+        manager = self.pool.manager
+        while self.waiting and len(self.running) < self.max_batch:
+            job, stamp = self.waiting[0], self.now()
+            seq = self.seqs[job.name]
+            if job.cancelled:
+                self._leave(job, "cancelled", stamp)
+                continue
+            if self.policy == "reject":
+                need = blocks_for(len(job.prompt) + job.new_tokens, self.pool.block_size)
+                if sum(self.reserved.values()) + need > manager.num_blocks:
+                    self.rejected += 1
+                    self._leave(job, REJECTED, stamp)
+                    continue
+                self.reserved[job.name] = need
+            cost = self.pool.admit_cost(seq, extra=1)
+            if cost > manager.num_blocks:  # it could never fit, even alone
+                self.rejected += 1
+                self._leave(job, REJECTED, stamp)
+                continue
+            if cost > manager.num_free:
+                break  # wait until running jobs give blocks back
+            self.waiting.pop(0)
+            before = seq.was_computed
+            hit = self.pool.admit(seq)
+            self.pool.grow(seq, len(seq.tokens))
+            self.recomputed_tokens += max(0, before - hit)
+            if job.start != job.start:  # first admission (start is NaN until then)
+                job.start = stamp
+            self.events.append((stamp, job.name, "admitted"))
+            logits, _ = prefill(self.model, seq.tokens[hit:], cache=self.pool.view([seq]))
+            self.logits[job.name] = logits[0]
+            self.running.append(job)
+
+    def _preempt(self, job: Job, stamp: float) -> None:
+        seq = self.seqs[job.name]
+        seq.was_computed = seq.computed  # what recomputing it will redo, less what the prefix cache keeps
+        self.pool.free(seq)
+        self.running.remove(job)
+        self.logits.pop(job.name, None)
+        self.waiting.insert(0, job)
+        self.preempted += 1
+        self.events.append((stamp, job.name, "preempted"))
+
+    def step(self) -> list[tuple[Job, int]]:
+        """Admit what fits, pick one token for every running job, make room for the next (preempting if it
+        must), and run one batched decode step. Returns what was emitted."""
+        if not self.jobs:
+            return []
+        self._admit()
+        stamp, emitted = self.now(), []
+        for job in list(self.running):
+            if job.cancelled:
+                self._leave(job, "cancelled", stamp)
+                continue
+            token = (job.pick or greedy)(self.logits[job.name])[0]
+            job.tokens.append(token)
+            emitted.append((job, token))
+            if len(job.tokens) == 1:
+                job.first_token = stamp
+            reason = job.stopper.update(token)
+            if reason:
+                self._leave(job, reason, stamp)
+            else:
+                self.seqs[job.name].tokens.append(token)
+        for job in list(self.running):  # each needs a slot for the token it feeds next
+            seq = self.seqs[job.name]
+            while job in self.running:
+                try:
+                    self.pool.grow(seq, seq.computed + 1)
+                    break
+                except OutOfBlocks:
+                    self._preempt(self.running[-1], stamp)  # the most recently admitted (maybe this very job)
+        held = sum(len(j.prompt) + j.new_tokens for j in self.running)
+        self.memory.append((stamp, self.pool.manager.num_used, held))
+        if self.running:
+            seqs = [self.seqs[j.name] for j in self.running]
+            view = self.pool.view(seqs)
+            tokens = [s.tokens[-1] for s in seqs]
+            logits, _ = decode_step(self.model, tokens, view, attention_mask=view.attention_mask(1),
+                                    positions=view.positions())
+            self.logits = {j.name: logits[i] for i, j in enumerate(self.running)}
+        return emitted
+
+
+def run_paged(model, jobs: list[Job], pool, policy: str = "preempt", max_batch: int = 8,
+              arrivals: list[int] | None = None) -> PagedBatch:
+    """Serve jobs through a PagedBatch; arrivals[i] = the step at which job i arrives (all at 0 if None).
+    Returns the batch (its events, memory log and counters); the jobs hold their tokens and reasons."""
+    arrivals = [0] * len(jobs) if arrivals is None else list(arrivals)
+    if len(arrivals) != len(jobs):
+        raise ValueError(f"{len(jobs)} jobs but {len(arrivals)} arrival steps")
+    batch, order, step = PagedBatch(model, pool, policy, max_batch), sorted(range(len(jobs)), key=arrivals.__getitem__), 0
+    while order or batch.jobs:
+        arrived = [jobs[i] for i in order if arrivals[i] <= step]
+        order = [i for i in order if arrivals[i] > step]
+        if arrived:
+            batch.add(arrived)
+        batch.step()
+        step += 1
+    return batch

@@ -71,6 +71,19 @@ def edit_ids(tokenizer) -> list[int]:
     return chat_ids(tokenizer, EDIT)
 
 
+HANDBOOK_QUESTIONS = ("How much does a student membership cost?", "When is the makerspace closed?",
+                      "Can I cut PVC on the laser cutter?", "Who do I ask about the machines?",
+                      "How long can a project stay on the project shelf?", "What do guests have to wear?")
+
+
+def handbook_ids(tokenizer, question: str) -> list[int]:
+    """A question asked with a whole document as the system prompt (data/docs/makerspace_handbook.txt,
+    about 1,100 tokens): the course's long shared prefix. Example: handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])"""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "data" / "docs" / "makerspace_handbook.txt").read_text()
+    return chat_ids(tokenizer, question, system="Answer the member's question from this handbook.\n\n" + doc)
+
+
 def filler_ids(tokenizer, n: int) -> list[int]:
     """n tokens of real text (a story sentence repeated), for length sweeps."""
     base = tokenizer(" Once upon a time, a small robot found a box of paints in an empty studio.",

@@ -11,7 +11,9 @@ puts lesson 15's grammar mask in front of the picker. max_tokens above the cap i
 (the header x-max-tokens-clamped says so); a client that disconnects, streaming or not, is dropped
 from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
 network, with a generated API key and a concurrency cap.
-What it does not do: TLS, user accounts, or paged KV memory.
+With kv_cache="paged" the engine serves from the course's own model on lesson 13's paged cache
+(prefix caching, preemption instead of failure when the pool is full); /health then reports the pool.
+What it does not do: TLS or user accounts.
 """
 from __future__ import annotations
 
@@ -43,11 +45,12 @@ class Engine:
     """A background thread that owns the model and serves jobs by continuous batching.
     start() launches the thread (the app's lifespan does it when the server starts); stop() ends it."""
 
-    def __init__(self, model, max_batch: int = 8):
+    def __init__(self, model, max_batch: int = 8, make_batch=None):
         self.model, self.max_batch = model, max_batch
+        self.make_batch = make_batch or (lambda: ContinuousBatch(model))  # a fresh scheduler (after an error too)
         self.pending: queue.Queue = queue.Queue()
         self.listeners: dict[str, callable] = {}
-        self.batch = ContinuousBatch(model)
+        self.batch = self.make_batch()
         self.served, self.error = 0, None
         self.finished: collections.deque = collections.deque(maxlen=64)  # (job name, stop reason), newest last
         self._stop = threading.Event()
@@ -90,7 +93,7 @@ class Engine:
                 self.error = err
                 for job in self.batch.jobs + newcomers:
                     self._finish(job, "error")
-                self.batch = ContinuousBatch(self.model)
+                self.batch = self.make_batch()
 
     def _finish(self, job: Job, reason: str) -> None:
         job.finish_reason = job.finish_reason or reason
@@ -110,13 +113,36 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
     return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
+KV_CACHES = ("contiguous", "paged")
+
+
+def paged_engine(model, max_batch: int, kv_blocks: int | None = None):
+    """(the course's model, a factory of PagedBatch schedulers on a fresh pool) for Engine: lesson 13's paged
+    cache with prefix caching and preemption. A transformers model is rewritten as model.Model on its weights.
+    kv_blocks: the pool's size (default: one whole context window's worth)."""
+    from .batching import PagedBatch
+    from .model import Model
+    from .paged import PagedKVCache, blocks_for
+    ours = model if isinstance(model, Model) else Model.from_transformers(model)
+    blocks = kv_blocks if kv_blocks is not None else blocks_for(ours.config.max_position_embeddings + 1)
+    PagedKVCache.for_model(ours, 1)  # note: fails here, not in the engine thread, if the model cannot page
+    return ours, lambda: PagedBatch(ours, PagedKVCache.for_model(ours, blocks), "preempt", max_batch)
+
+
 def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", max_tokens_cap: int = 256,
                max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
-               max_concurrent: int | None = None) -> FastAPI:
+               max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None) -> FastAPI:
     """The FastAPI app; app.state.engine is its Engine, started and stopped with the app (its lifespan).
     api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
-    max_concurrent: requests in flight at once; more get 429 (None: no cap)."""
-    engine = Engine(model, max_batch=max_batch)
+    max_concurrent: requests in flight at once; more get 429 (None: no cap).
+    kv_cache: "contiguous" (continuous batching on the model as given) or "paged" (lesson 13: the course's
+    own model on a paged pool of kv_blocks blocks, with prefix caching and preemption)."""
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+    make_batch = None
+    if kv_cache == "paged":
+        model, make_batch = paged_engine(model, max_batch, kv_blocks)
+    engine = Engine(model, max_batch=max_batch, make_batch=make_batch)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -150,7 +176,12 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
 
     @app.get("/health")
     def health():
-        return {"status": "ok", "active": engine.active(), "served": engine.served}
+        body = {"status": "ok", "active": engine.active(), "served": engine.served}
+        pool = getattr(engine.batch, "pool", None)
+        if pool is not None:  # the paged cache: how full the pool is
+            body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
+                                 "prefix_hit_rate": round(pool.hit_rate, 4)}
+        return body
 
     @app.get("/v1/models")
     def models(request: Request):
@@ -184,6 +215,11 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         if max_concurrent is not None and in_flight[0] >= max_concurrent:
             return _error(429, f"the server is busy ({max_concurrent} requests in flight); retry shortly",
                           "rate_limit_error", code="too_many_requests")
+        pool = getattr(engine.batch, "pool", None)
+        if pool is not None and -(-(len(prompt) + 1) // pool.block_size) > pool.manager.num_blocks:
+            return _error(400, f"the prompt has {len(prompt)} tokens but this server's KV memory holds "
+                          f"{pool.manager.num_blocks * pool.block_size}; shorten the conversation",
+                          param="messages", code="context_length_exceeded")
         allowed = min(req.max_tokens, max_tokens_cap, window - len(prompt))
         pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed)
         if req.schema is not None:  # structured output: a grammar mask in front of the picker (lesson 15)
@@ -305,7 +341,8 @@ def start_server(model, tokenizer, port: int, host: str = "127.0.0.1", *, allow_
     """Serve on host:port in a background thread. Loopback only, unless allow_network=True: then the server
     may listen on a local-network address (for a workshop room), with a warning, an API key generated
     now and printed (clients send it as their bearer token; 401 without it) and at most max_concurrent
-    requests in flight. api_key may also be set on loopback."""
+    requests in flight. api_key may also be set on loopback. options go to create_app, for example
+    kv_cache="paged" (lesson 13). Example: start_server(model, tokenizer, free_port(), kv_cache="paged")"""
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer between 1 and 65535, got {port!r}")
     if host not in LOOPBACK:

@@ -13,9 +13,12 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "smollm2-135m-instruct"  # the served name; tests that compare text ask for temperature 0 (repeatable)
 
 
-@pytest.fixture(scope="module")
-def server(model, tokenizer):
-    handle = start_server(model, tokenizer, port=free_port(), max_tokens_cap=64, max_body_bytes=20_000, max_batch=8)
+@pytest.fixture(scope="module", params=["contiguous", "paged"])
+def server(model, tokenizer, request):
+    """Every test below runs twice: on continuous batching over the library's model, and on lesson 13's paged
+    cache over the course's own model (kv_cache="paged", a pool of 160 blocks: 2,560 tokens)."""
+    handle = start_server(model, tokenizer, port=free_port(), max_tokens_cap=64, max_body_bytes=20_000, max_batch=8,
+                          kv_cache=request.param, kv_blocks=160 if request.param == "paged" else None)
     yield handle
     handle.stop()
     assert not handle.thread.is_alive() and not handle.app.state.engine.thread.is_alive()
@@ -120,6 +123,9 @@ def test_client_disconnect_stops_generation_and_others_continue(server, client):
     assert name not in engine.active()
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
     assert reply.choices[0].message.content == "The capital of France is Paris."
+    health = httpx.get(server.url + "/health", timeout=10).json()
+    if "kv_blocks" in health:  # the paged engine: the cancelled stream gave its blocks back
+        assert health["kv_blocks"]["used"] == 0 and health["kv_blocks"]["total"] == 160
 
 
 def test_only_loopback(model, tokenizer):
@@ -247,3 +253,15 @@ def test_a_bad_schema_is_refused_before_generation(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30, json={"messages": QUESTION, "response_format": {
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_schema"
+
+
+def test_paged_server_refuses_a_prompt_its_pool_cannot_hold_and_a_bad_cache_name(model, tokenizer):
+    handle = start_server(model, tokenizer, port=free_port(), kv_cache="paged", kv_blocks=4)  # 64 tokens
+    try:
+        r = httpx.post(handle.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "word " * 100}]})
+        assert r.status_code == 400 and "KV memory holds 64" in r.json()["error"]["message"]
+    finally:
+        handle.stop()
+    with pytest.raises(ValueError, match="kv_cache must be one of"):
+        start_server(model, tokenizer, port=free_port(), kv_cache="pages")

@@ -1,0 +1,288 @@
+"""The paged KV cache (lesson 13): one pool of fixed-size blocks, block tables, prefix caching.
+
+What it does: keeps every layer's keys and values in one pool of blocks of `block_size` token slots
+(`PagedKVCache`); a `BlockManager` hands blocks out, counts who uses each, and takes them back. A
+sequence owns a block table (logical block i lives in physical block table[i]); attention reads its
+keys and values through that table (`PagedView`, what the model is called with: it meets the same
+contract as kv_cache.KVCache, so generation.prefill / decode_step run it unchanged). Prefix caching:
+a full block is named by a hash chained over its parent's hash and its tokens, so two prompts that
+start with the same tokens name the same blocks; a new sequence reuses the cached blocks of its
+prompt and prefills only the rest (the last prompt token is always computed, so there are logits to
+pick from, and a shared block is never written). Blocks nobody uses keep their contents until memory
+is needed, then go least recently used first.
+What it does not do: schedule requests or preempt them (batching.PagedBatch does), read pages inside
+the attention kernel (vLLM's PagedAttention kernel does; here the pages are gathered into one tensor
+per layer before torch's attention, a copy a production kernel avoids), or share a partly filled block.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+BLOCK_SIZE = 16  # tokens per block (vLLM's default too)
+
+
+class OutOfBlocks(RuntimeError):
+    """No free block is left in the pool (the scheduler preempts or waits)."""
+
+
+def block_hash(parent: bytes | None, tokens) -> bytes:
+    """The name of a full block: a hash of its parent's name and its own tokens, so equal names mean equal
+    prefixes, not only equal blocks. Example: block_hash(None, [1, 2]) != block_hash(block_hash(None, [0]), [1, 2])"""
+    h = hashlib.sha256(parent or b"root")
+    h.update(torch.tensor(list(tokens), dtype=torch.int64).numpy().tobytes())
+    return h.digest()[:16]
+
+
+def prefix_hashes(tokens, block_size: int = BLOCK_SIZE) -> list[bytes]:
+    """The chained names of every full block of these tokens (a partial last block has none).
+    Example: 40 tokens, blocks of 16 -> 2 names"""
+    names, parent = [], None
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = block_hash(parent, tokens[start:start + block_size])
+        names.append(parent)
+    return names
+
+
+def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    """Blocks that hold this many tokens. Example: 33 tokens, blocks of 16 -> 3"""
+    return -(-tokens // block_size)
+
+
+class BlockManager:
+    """Who holds which block. ref[b]: how many sequences use block b. `free`: blocks nobody uses, least
+    recently used first (a block that holds a cached prefix stays named until it is handed out again)."""
+
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE):
+        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
+            raise ValueError(f"the pool needs a whole number of blocks >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"a block holds a whole number of tokens >= 1, got {block_size!r}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.by_hash: dict[bytes, int] = {}  # cached prefix name -> block
+        self.hash_of: dict[int, bytes] = {}
+        self.evicted = 0  # cached blocks handed out again (their prefix forgotten)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def allocate(self) -> int:
+        """A block for one sequence (ref 1): the least recently used free one; if it held a cached prefix,
+        that prefix is forgotten."""
+        if not self.free:
+            raise OutOfBlocks(f"all {self.num_blocks} blocks are in use")
+        block, _ = self.free.popitem(last=False)
+        if block in self.hash_of:
+            del self.by_hash[self.hash_of.pop(block)]
+            self.evicted += 1
+        self.ref[block] = 1
+        return block
+
+    def acquire(self, block: int) -> None:
+        """One more sequence uses this (cached) block."""
+        if self.ref[block] == 0:
+            del self.free[block]
+        self.ref[block] += 1
+
+    def release(self, block: int) -> None:
+        """A sequence is done with this block. At 0 users it becomes free: a named block goes to the back of
+        the line (its prefix may be asked for again), an unnamed one to the front (it holds nothing reusable)."""
+        if self.ref[block] <= 0:
+            raise ValueError(f"block {block} is not in use: released twice?")
+        self.ref[block] -= 1
+        if self.ref[block] == 0:
+            self.free[block] = None
+            if block not in self.hash_of:
+                self.free.move_to_end(block, last=False)
+
+    def match(self, names: list[bytes]) -> list[int]:
+        """The cached blocks for the longest run of these prefix names, from the first."""
+        blocks = []
+        for name in names:
+            if name not in self.by_hash:
+                break
+            blocks.append(self.by_hash[name])
+        return blocks
+
+    def register(self, block: int, name: bytes) -> None:
+        """Name a block that just became full, so later prompts can reuse it (the first block of a name wins)."""
+        if name not in self.by_hash and block not in self.hash_of:
+            self.by_hash[name], self.hash_of[block] = block, name
+
+    def check(self) -> None:
+        """The invariants, checked (the tests call this after every trace)."""
+        assert all(r >= 0 for r in self.ref), "a reference count went negative"
+        assert set(self.free) == {b for b, r in enumerate(self.ref) if r == 0}, "free list and counts disagree"
+        assert all(self.hash_of[b] == name for name, b in self.by_hash.items()), "hash tables disagree"
+
+
+@dataclass
+class Sequence:
+    """One request's tokens and where their keys and values live."""
+    tokens: list[int]  # every token known: the prompt, then each token as it is picked
+    blocks: list[int] = field(default_factory=list)  # the block table: logical block i is physical blocks[i]
+    computed: int = 0  # tokens whose keys and values are in the blocks
+    names: list[bytes] = field(default_factory=list)  # the chained name of each full block, in order
+    reused: int = 0  # tokens taken from the prefix cache when it was admitted
+    was_computed: int = 0  # tokens it had computed when it was last preempted (recomputing redoes them)
+
+    def slot(self, position: int, block_size: int) -> int:
+        """Where token `position` lives in the pool: its block's first slot plus the offset in the block."""
+        return self.blocks[position // block_size] * block_size + position % block_size
+
+
+class PagedKVCache:
+    """The pool: per layer, keys and values for num_blocks x block_size token slots, (slots, KV, D), and the
+    block manager that hands the blocks out. Example: pool = PagedKVCache.for_model(ours, num_blocks=64)"""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int = BLOCK_SIZE,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", prefix_caching: bool = True):
+        self.manager = BlockManager(num_blocks, block_size)
+        shape = (num_blocks * block_size, kv_heads, head_dim)  # (slots, KV, D)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.block_size, self.prefix_caching = block_size, prefix_caching
+        self.lookups = self.hits = 0  # prompt tokens asked for, and found, in the prefix cache
+
+    @classmethod
+    def for_model(cls, model, num_blocks: int, block_size: int = BLOCK_SIZE, prefix_caching: bool = True):
+        """A pool shaped for the course's model (model.Model): its layers, heads, dtype and device."""
+        return cls(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.dtype,
+                   model.device, prefix_caching)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block: keys and values of block_size tokens in every layer."""
+        k = self.keys[0]
+        return 2 * len(self.keys) * self.block_size * k.shape[1] * k.shape[2] * k.element_size()
+
+    def nbytes(self) -> int:
+        """Bytes the whole pool holds, used or not."""
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def used_bytes(self) -> int:
+        """Bytes of the blocks some sequence holds (a shared block counted once)."""
+        return self.manager.num_used * self.block_bytes
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    # ----- a sequence's life -----
+    def admit(self, seq: Sequence) -> int:
+        """Give a new (or recomputed) sequence the cached blocks of its longest cached prefix; returns how many
+        of its tokens are already computed. note: at most (len - 1) // block_size blocks, so the last token
+        is always run (its logits pick the next token) and lands in a block of its own."""
+        names = prefix_hashes(seq.tokens, self.block_size)
+        reuse = self.manager.match(names)[:(len(seq.tokens) - 1) // self.block_size] if self.prefix_caching else []
+        for block in reuse:
+            self.manager.acquire(block)
+        seq.blocks, seq.names = list(reuse), names[:len(reuse)]
+        seq.computed = seq.reused = len(reuse) * self.block_size
+        self.lookups += len(seq.tokens)
+        self.hits += seq.computed
+        return seq.computed
+
+    def admit_cost(self, seq: Sequence, extra: int = 0) -> int:
+        """Free blocks admitting this sequence would take (its cached prefix counted as free, as admit would),
+        for `extra` more tokens than it has."""
+        names = prefix_hashes(seq.tokens, self.block_size)
+        reuse = self.manager.match(names)[:(len(seq.tokens) - 1) // self.block_size] if self.prefix_caching else []
+        idle = sum(1 for b in reuse if self.manager.ref[b] == 0)  # cached but free: taking them uses free blocks
+        return blocks_for(len(seq.tokens) + extra, self.block_size) - len(reuse) + idle
+
+    def grow(self, seq: Sequence, tokens: int) -> None:
+        """Allocate blocks until `tokens` tokens fit in the sequence's table (raises OutOfBlocks, keeping what
+        it got, if the pool runs dry)."""
+        while len(seq.blocks) * self.block_size < tokens:
+            seq.blocks.append(self.manager.allocate())
+
+    def commit(self, seq: Sequence, n: int) -> None:
+        """n more tokens of the sequence are now computed; blocks that became full get their names."""
+        seq.computed += n
+        while self.prefix_caching and len(seq.names) < seq.computed // self.block_size:
+            i = len(seq.names)
+            parent = seq.names[-1] if seq.names else None
+            seq.names.append(block_hash(parent, seq.tokens[i * self.block_size:(i + 1) * self.block_size]))
+            self.manager.register(seq.blocks[i], seq.names[-1])
+
+    def free(self, seq: Sequence) -> None:
+        """The sequence ends (or is preempted): its blocks go back, the last first, so a prefix's early blocks
+        (the most shared) are the last to be forgotten."""
+        for block in reversed(seq.blocks):
+            self.manager.release(block)
+        seq.blocks, seq.names, seq.computed = [], [], 0
+
+    def view(self, seqs: list[Sequence]) -> "PagedView":
+        return PagedView(self, seqs)
+
+
+class PagedView:
+    """Several sequences as one batch for the model: what model.Model calls `cache`. Rows are right-aligned:
+    row r's computed tokens fill columns [start - n_r, start) and the new tokens columns [start, start + T),
+    start = the longest row; `attention_mask(T)` marks the padding. One row: any T; several: T = 1 (decode)."""
+
+    def __init__(self, pool: PagedKVCache, seqs: list[Sequence]):
+        self.pool, self.seqs = pool, seqs
+        self._write = self._read = None
+
+    @property
+    def length(self) -> int:
+        return max(s.computed for s in self.seqs)
+
+    @length.setter
+    def length(self, end: int) -> None:  # the model sets this after its last layer: the new tokens are in
+        new = end - self.length
+        for s in self.seqs:
+            self.pool.commit(s, new)
+
+    def attention_mask(self, new: int = 1) -> torch.Tensor:
+        """(B, start + new): 1 where a row has a token, 0 where it is padding."""
+        start = self.length
+        mask = torch.zeros(len(self.seqs), start + new, dtype=torch.long)
+        for row, s in enumerate(self.seqs):
+            mask[row, start - s.computed:] = 1
+        return mask
+
+    def positions(self) -> torch.Tensor:
+        """(B,): the position of each row's next token."""
+        return torch.tensor([s.computed for s in self.seqs], dtype=torch.long)
+
+    def reserve(self, end: int) -> None:
+        """Called by the model before its first layer: work out, once for all layers, which slots this step
+        writes (the new tokens) and reads (every row's tokens, through its block table)."""
+        start, bs = self.length, self.pool.block_size
+        new = end - start
+        if len(self.seqs) > 1 and new != 1:
+            raise ValueError(f"a paged batch of {len(self.seqs)} rows decodes one token per row, got {new}: "
+                             "prefill each prompt alone")
+        write, read = [], []
+        for s in self.seqs:
+            if len(s.blocks) * bs < s.computed + new:
+                raise OutOfBlocks(f"the sequence holds {len(s.blocks)} blocks, too few for {s.computed + new} "
+                                  "tokens: call pool.grow(seq, tokens) first")
+            write += [s.slot(p, bs) for p in range(s.computed, s.computed + new)]
+            past = [s.slot(p, bs) for p in range(s.computed + new)]
+            read.append([past[0]] * (end - len(past)) + past)  # padding columns point anywhere: masked out
+        device = self.pool.keys[0].device
+        self._write = torch.tensor(write, dtype=torch.long, device=device)  # (B * T,)
+        self._read = torch.tensor(read, dtype=torch.long, device=device)  # (B, S)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+        """Store (B, KV, T, D) keys and values in their slots; return every row's keys and values, (B, KV, S, D),
+        gathered through the block tables (the copy a paged attention kernel avoids)."""
+        B, KV, T, D = k.shape
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        keys[self._write] = k.transpose(1, 2).reshape(B * T, KV, D)
+        values[self._write] = v.transpose(1, 2).reshape(B * T, KV, D)
+        return keys[self._read].transpose(1, 2), values[self._read].transpose(1, 2)  # (B, KV, S, D)

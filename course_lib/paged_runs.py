@@ -1,0 +1,98 @@
+"""Lesson 13's measurements on the paged KV cache, on the real model.
+
+What it does: builds the lesson's trace of requests (questions about a 1,100-token handbook, which
+share it as a prefix, mixed with short chat questions, arriving a few steps apart); serves it through
+batching.PagedBatch and reports the memory a contiguous cache would reserve (each request's prompt
+plus its whole token allowance, lesson 11's cache) against the blocks the paged cache holds, step by
+step; times the first token of a question with and without a prefix-cache hit; and runs every request
+alone through generation.generate on the contiguous cache, to check the paged runs give the same tokens.
+What it does not do: draw (plots_perf does) or call the model except through the scheduler and generate.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .batching import Job, PagedBatch, run_paged
+from .context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from .generation import end_of_turn_ids, generate
+from .kv_cache import model_kv_bytes_per_token
+from .paged import PagedKVCache
+
+SHORT_QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
+                   "Write a haiku about rain.", "What is 12 times 7?")
+
+
+def trace_jobs(model, tokenizer, new_tokens: int = 96) -> tuple[list[Job], list[int]]:
+    """The lesson's trace: 3 handbook questions (about 1,130 tokens each, 1,100 of them shared) and 5 short
+    chat questions, interleaved, arriving 2 decode steps apart. Returns (jobs, arrival steps)."""
+    stop = frozenset(end_of_turn_ids(model, tokenizer))
+    prompts = [("handbook-1", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]))]
+    for i, q in enumerate(SHORT_QUESTIONS):
+        prompts.append((f"short-{i + 1}", chat_ids(tokenizer, q)))
+        if i < 2:
+            prompts.append((f"handbook-{i + 2}", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[i + 1])))
+    jobs = [Job(name, ids, new_tokens, stop) for name, ids in prompts]
+    return jobs, [2 * i for i in range(len(jobs))]
+
+
+@dataclass
+class TraceRun:
+    """One trace served: the scheduler (events, memory log, counters), its pool, the jobs, and the time taken."""
+    batch: PagedBatch
+    pool: PagedKVCache
+    jobs: list[Job]
+    seconds: float
+    bytes_per_token: float
+
+    @property
+    def contiguous_bytes(self) -> list[float]:
+        """Per step: what lesson 11's cache would hold for the running jobs (prompt + allowance each)."""
+        return [held * self.bytes_per_token for _, _, held in self.batch.memory]
+
+    @property
+    def paged_bytes(self) -> list[int]:
+        """Per step: the blocks in use, in bytes (a shared block counted once)."""
+        return [used * self.pool.block_bytes for _, used, _ in self.batch.memory]
+
+    @property
+    def finished(self) -> int:
+        return sum(1 for j in self.jobs if j.finish_reason not in ("rejected", "cancelled", ""))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(len(j.tokens) for j in self.jobs) / self.seconds
+
+
+def run_trace(model, jobs: list[Job], arrivals: list[int], num_blocks: int, policy: str = "preempt",
+              max_batch: int = 8, prefix_caching: bool = True) -> TraceRun:
+    """Serve the trace on a fresh pool of num_blocks blocks. The jobs are copied: the same list can be run
+    again under another policy."""
+    jobs = [Job(j.name, list(j.prompt), j.new_tokens, j.stop_ids, j.pick) for j in jobs]
+    pool = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching)
+    start = time.perf_counter()
+    batch = run_paged(model, jobs, pool, policy, max_batch, arrivals)
+    seconds = time.perf_counter() - start
+    pool.manager.check()
+    return TraceRun(batch, pool, jobs, seconds, model_kv_bytes_per_token(model.config, model.dtype))
+
+
+def alone_tokens(model, tokenizer, jobs: list[Job]) -> dict[str, list[int]]:
+    """Each job's prompt run alone by generation.generate on the contiguous cache (same limit, same stops)."""
+    return {j.name: generate(model, tokenizer, j.prompt, max_new_tokens=j.new_tokens, stop_ids=j.stop_ids).token_ids
+            for j in jobs}
+
+
+def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_caching: bool = True,
+                num_blocks: int = 400) -> list[dict]:
+    """Handbook questions asked one after another on one pool: time to first token (admission to the first
+    token: the prefill of what is not cached, plus one pick) and how many prompt tokens came from the cache."""
+    pool, rows = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching), []
+    for q in questions:
+        job = Job("q", handbook_ids(tokenizer, q), 1)
+        batch = run_paged(model, [job], pool)
+        rows.append({"question": q, "prompt_tokens": len(job.prompt), "reused_tokens": pool.hits - sum(
+            r["reused_tokens"] for r in rows), "ttft_s": job.first_token - job.start, "token": job.tokens[0]})
+        assert not batch.jobs
+    pool.manager.check()
+    return rows

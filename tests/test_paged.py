@@ -1,0 +1,232 @@
+"""Lesson 13: the block manager on its own, and the paged cache against the contiguous one on the real model
+(single prompts, a batch, prefix hits, preemption and recompute): same tokens everywhere, no block leaked."""
+import random
+
+import pytest
+import torch
+
+from course_lib import batching, paged
+from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from course_lib.generation import end_of_turn_ids, generate
+from course_lib.model import Model
+from course_lib.paged import BlockManager, OutOfBlocks, PagedKVCache, Sequence
+
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "Why is the sky blue?",
+             "Write a haiku about rain."]
+
+
+@pytest.fixture(scope="module")
+def ours(model):
+    return Model.from_transformers(model)
+
+
+@pytest.fixture(scope="module")
+def stop(model, tokenizer):
+    return frozenset(end_of_turn_ids(model, tokenizer))
+
+
+@pytest.fixture(scope="module")
+def alone(ours, tokenizer, stop):
+    """Greedy tokens of each prompt run alone on lesson 11's contiguous cache, 32 new tokens at most."""
+    cache = {}
+
+    def run(prompt):
+        key = tuple(prompt)
+        if key not in cache:
+            cache[key] = generate(ours, tokenizer, prompt, max_new_tokens=32, stop_ids=stop).token_ids
+        return cache[key]
+    return run
+
+
+# ----- the block manager alone -----
+
+def test_blocks_are_counted_and_returned():
+    m = BlockManager(4, block_size=2)
+    a, b = m.allocate(), m.allocate()
+    assert m.num_used == 2 and m.ref[a] == 1
+    m.acquire(a)
+    m.release(a)
+    assert m.ref[a] == 1 and m.num_free == 2
+    m.release(a), m.release(b)
+    assert m.num_used == 0
+    with pytest.raises(ValueError, match="released twice"):
+        m.release(a)
+    m.check()
+
+
+def test_out_of_blocks_is_a_clear_error():
+    m = BlockManager(1)
+    m.allocate()
+    with pytest.raises(OutOfBlocks, match="all 1 blocks"):
+        m.allocate()
+
+
+@pytest.mark.parametrize("blocks, size", [(0, 16), (-1, 16), (4, 0), (2.5, 16), (True, 16), (4, "16")])
+def test_bad_pool_sizes_are_refused(blocks, size):
+    with pytest.raises(ValueError, match="whole number"):
+        BlockManager(blocks, size)
+
+
+def test_names_are_chained_over_the_whole_prefix():
+    same_block = [7, 8]
+    assert paged.block_hash(None, same_block) != paged.block_hash(paged.block_hash(None, [1, 2]), same_block)
+    assert paged.prefix_hashes([1, 2, 3, 4, 5], 2) == paged.prefix_hashes([1, 2, 3, 4, 9], 2)  # the partial block has no name
+    assert paged.prefix_hashes([1, 2, 3, 4], 2)[0] != paged.prefix_hashes([1, 3, 3, 4], 2)[0]
+    assert paged.blocks_for(33, 16) == 3 and paged.blocks_for(32, 16) == 2
+
+
+def test_unused_cached_blocks_go_least_recently_used_first():
+    m = BlockManager(3, block_size=1)
+    a, b, c = m.allocate(), m.allocate(), m.allocate()
+    m.register(a, b"A"), m.register(b, b"B")
+    m.release(a), m.release(b), m.release(c)  # c holds nothing reusable: it is handed out first
+    assert m.allocate() == c
+    assert m.allocate() == a and m.match([b"A"]) == [] and m.evicted == 1  # a was the older: forgotten
+    assert m.match([b"B"]) == [b]
+
+
+def test_random_traces_keep_the_invariants():
+    rng = random.Random(0)
+    m, held = BlockManager(8, block_size=1), []
+    for step in range(2000):
+        op = rng.random()
+        if op < 0.4 and m.num_free:
+            held.append(m.allocate())
+            if rng.random() < 0.5:
+                m.register(held[-1], bytes([step % 256, step // 256]))
+        elif op < 0.6 and held:
+            block = rng.choice(held)
+            m.acquire(block)
+            held.append(block)
+        elif held:
+            m.release(held.pop(rng.randrange(len(held))))
+        m.check()
+        assert sorted(b for b, r in enumerate(m.ref) for _ in range(r)) == sorted(held)
+
+
+# ----- the pool -----
+
+def test_a_prefix_hit_reuses_full_blocks_only_and_always_computes_the_last_token(ours):
+    pool = PagedKVCache.for_model(ours, 8, block_size=4)
+    first = Sequence(list(range(10)))
+    assert pool.admit(first) == 0
+    pool.grow(first, 10)
+    pool.commit(first, 10)  # as if prefilled: blocks 0 and 1 are full and named
+    twin = Sequence(list(range(10)))
+    assert pool.admit(twin) == 8 and twin.blocks == first.blocks[:2]
+    exact = Sequence(list(range(8)))  # all its blocks are cached, but its last token must still run
+    assert pool.admit(exact) == 4
+    assert pool.manager.ref[first.blocks[0]] == 3 and pool.manager.ref[first.blocks[1]] == 2
+    for s in (first, twin, exact):
+        pool.free(s)
+    assert pool.manager.num_used == 0 and len(pool.manager.by_hash) == 2  # kept for the next prompt
+    pool.manager.check()
+
+
+def test_bytes_per_block_follow_the_formula(ours):
+    pool = PagedKVCache.for_model(ours, 10)
+    assert pool.block_bytes == 2 * 30 * 16 * 3 * 64 * 4  # keys and values, layers, tokens, KV heads, D, float32
+    assert pool.nbytes() == 10 * pool.block_bytes
+
+
+def test_several_rows_decode_one_token_each(ours):
+    pool = PagedKVCache.for_model(ours, 8)
+    seqs = [Sequence([1, 2, 3]), Sequence([4, 5])]
+    for s in seqs:
+        pool.admit(s)
+        pool.grow(s, 3)
+    view = pool.view(seqs)
+    with pytest.raises(ValueError, match="prefill each prompt alone"):
+        view.reserve(3)
+    with pytest.raises(OutOfBlocks, match="call pool.grow"):
+        pool.view([Sequence([1] * 20)]).reserve(20)
+
+
+# ----- the paged cache on the real model -----
+
+def test_alone_paged_equals_contiguous_and_the_library(model, ours, tokenizer, stop, alone):
+    for q in QUESTIONS[:2]:
+        prompt = chat_ids(tokenizer, q)
+        job = batching.Job("a", prompt, 32, stop)
+        pool = PagedKVCache.for_model(ours, 16)
+        batching.run_paged(ours, [job], pool)
+        library = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
+        assert job.tokens == alone(prompt) == library[:len(job.tokens)]
+        assert pool.manager.num_used == 0
+        pool.manager.check()
+
+
+def test_a_paged_batch_gives_each_request_its_tokens_alone(ours, tokenizer, stop, alone):
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(ours, 64)
+    batch = batching.run_paged(ours, jobs, pool, arrivals=[0, 0, 3, 5])
+    assert [j.tokens for j in jobs] == [alone(p) for p in prompts]
+    assert batch.preempted == 0 and pool.hits > 0  # the course's system prompt is shared
+    assert pool.manager.num_used == 0
+    pool.manager.check()
+
+
+def test_prefix_hits_skip_the_shared_document_and_keep_the_tokens(ours, tokenizer, stop, alone):
+    prompts = [handbook_ids(tokenizer, q) for q in HANDBOOK_QUESTIONS[:2]]
+    pool = PagedKVCache.for_model(ours, 200)
+    for p in prompts:
+        job = batching.Job("q", p, 32, stop)
+        batching.run_paged(ours, [job], pool)
+        assert job.tokens == alone(p)
+    assert pool.hits >= 1_000  # the second question found the handbook's blocks
+    shared = pool.manager.match(paged.prefix_hashes(prompts[0]))
+    before = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
+    job = batching.Job("q", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[2]), 4, stop)
+    batching.run_paged(ours, [job], pool)
+    after = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
+    assert torch.equal(before, after)  # a shared block is read, never written
+
+
+def test_preempted_requests_are_recomputed_and_answer_as_if_alone(ours, tokenizer, stop, alone):
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(ours, 12)  # room for about three answers at a time, not four
+    batch = batching.run_paged(ours, jobs, pool)
+    assert batch.preempted >= 1 and batch.recomputed_tokens > 0
+    assert [j.tokens for j in jobs] == [alone(p) for p in prompts]
+    assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
+    assert pool.manager.num_used == 0
+    pool.manager.check()
+
+
+def test_reject_turns_away_what_it_cannot_reserve_and_never_preempts(ours, tokenizer, stop, alone):
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(ours, 12)
+    batch = batching.run_paged(ours, jobs, pool, policy="reject")
+    assert batch.preempted == 0 and batch.rejected >= 1
+    for job, prompt in zip(jobs, prompts):
+        assert job.finish_reason == batching.REJECTED or job.tokens == alone(prompt)
+    assert pool.manager.num_used == 0
+
+
+def test_a_prompt_bigger_than_the_pool_is_rejected_not_hung(ours, tokenizer, stop):
+    job = batching.Job("big", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]), 8, stop)
+    batch = batching.run_paged(ours, [job], PagedKVCache.for_model(ours, 8))
+    assert job.finish_reason == batching.REJECTED and batch.rejected == 1
+
+
+def test_a_cancelled_job_gives_its_blocks_back(ours, tokenizer, stop):
+    pool = PagedKVCache.for_model(ours, 16)
+    batch = batching.PagedBatch(ours, pool)
+    job = batching.Job("c", chat_ids(tokenizer, QUESTIONS[0]), 32, stop)
+    batch.add([job])
+    batch.step()
+    assert pool.manager.num_used > 0
+    job.cancelled = True
+    batch.step()
+    assert job.finish_reason == "cancelled" and not batch.jobs and pool.manager.num_used == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"policy": "evict"}, "policy must be one of"), ({"max_batch": 0}, "max_batch"), ({"arrivals": [0, 1]}, "arrival"),
+])
+def test_bad_scheduler_arguments_are_refused(ours, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        batching.run_paged(ours, [batching.Job("a", [1, 2], 2)], PagedKVCache.for_model(ours, 4), **kwargs)
