@@ -6,8 +6,9 @@
 Modules, in pipeline order: runtime (device, dtype, timing), loading (model and tokenizer),
 tokenization, context, forward (one pass) and anatomy (inside it), attention, sampling, generation
 (the one inference core), kv_cache, batching, serving with openai_api (the request dialect); Part II:
-model (SmolLM2 written out), formats (weight formats), speculative (drafters, verify), structured
-(grammar masks). Measurements: bench, engine_speed. Pictures only: plots, plots_perf, html_views,
+model (SmolLM2 written out), formats (weight formats), paged (the paged KV cache: blocks, block tables,
+prefix caching; its scheduler is batching.PagedBatch), speculative (drafters, verify), structured
+(grammar masks). Measurements: bench, engine_speed, paged_runs. Pictures only: plots, plots_perf, html_views,
 widgets. Also doctor and exercises. Nothing heavy is imported until it is used.
 """
 import importlib

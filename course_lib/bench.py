@@ -242,6 +242,11 @@ def detokenize_ms_per_token(tokenizer, n: int, last: int = 100) -> float:
     return 1000 * (time.perf_counter() - start) / last
 
 
+def _paged_section(model, tokenizer, quick):
+    from .paged_runs import bench_section
+    return bench_section(model, tokenizer, quick)
+
+
 def _widgets_section(model, tokenizer):
     from .forward import forward_logits
     from .widgets import redraw_ms, tokenizer_box_ms  # note: the bench reaches widget code only in this section
@@ -267,6 +272,7 @@ SECTIONS = {
     "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
     "formats": ("lesson 12: weight formats, speed and quality", lambda m, t, q: {"formats": formats_section(m, t, q)}),
     "speculative": ("lesson 14: speculative decoding", lambda m, t, q: {"speculative": speculative_section(m, t, q)}),
+    "paged": ("lesson 13: paged KV cache, prefix caching, preemption", lambda m, t, q: {"paged": _paged_section(m, t, q)}),
     "structured": ("lesson 15: structured output", lambda m, t, q: {"structured": structured_section(m, t, q)}),
 }
 
@@ -348,6 +354,15 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                     st["valid_constrained"] == 1.0))
         out.append(("structured: the engine's mask under a tenth of a decode step",
                     f"{st['mask_ms_per_token']:.2f} vs {st['decode_ms_per_token']:.1f} ms", st["mask_ms_per_token"] < st["decode_ms_per_token"] / 10))
+    if "paged" in result:
+        p = result["paged"]
+        out.append(("paged: same tokens as the contiguous cache (alone, batched, prefix hits, preempted)",
+                    str(p["same_tokens"]), p["same_tokens"]))
+        out.append(("paged: at most half the bytes of the contiguous cache on the trace",
+                    f"{p['kv_bytes_paged'] / 1e6:.0f} vs {p['kv_bytes_contiguous'] / 1e6:.0f} MB",
+                    p["kv_bytes_paged"] <= 0.5 * p["kv_bytes_contiguous"]))
+        out.append((f"paged: a {p['prefix_tokens']}-token prefix hit cuts time to first token at least 3x",
+                    f"{p['prefix_ttft_ratio']:.1f}x", p["prefix_ttft_ratio"] >= 3.0))
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
@@ -392,6 +407,13 @@ def format_report(result: dict) -> str:
         lines.append(f"speculative {r['drafter']:<14} {r['task']:<14} k={r['k']} accepted {r['acceptance_rate']:.2f} "
                      f"{r['tokens_per_verify']:.2f} tok/verify {r['tokens_per_s']:5.1f} vs {r['baseline_tokens_per_s']:5.1f} "
                      f"tok/s -> {r['speedup']:.2f}x same={r['same_tokens']}")
+    if "paged" in result:
+        p = result["paged"]
+        lines.append(f"paged: trace of {p['requests']} requests, peak KV {p['kv_bytes_paged'] / 1e6:.0f} MB paged vs "
+                     f"{p['kv_bytes_contiguous'] / 1e6:.0f} MB contiguous; first token {p['ttft_no_prefix_s']:.3f} s -> "
+                     f"{p['ttft_prefix_s']:.3f} s with a prefix hit ({p['prefix_ttft_ratio']:.1f}x, hit rate "
+                     f"{p['prefix_hit_rate']:.2f}); {p['budget_blocks']} blocks: preempt finished {p['finished_preempt']} "
+                     f"({p['preempted']} preemptions, {p['recomputed_tokens']} tokens recomputed), reject {p['finished_reject']}")
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)

@@ -76,12 +76,18 @@ HANDBOOK_QUESTIONS = ("How much does a student membership cost?", "When is the m
                       "How long can a project stay on the project shelf?", "What do guests have to wear?")
 
 
-def handbook_ids(tokenizer, question: str) -> list[int]:
-    """A question asked with a whole document as the system prompt (data/docs/makerspace_handbook.txt,
-    about 1,100 tokens): the course's long shared prefix. Example: handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])"""
+def handbook_messages(question: str) -> list[dict]:
+    """A question asked with a whole document as the system prompt (data/docs/makerspace_handbook.txt, about
+    1,100 tokens): the course's long shared prefix, as chat messages (what a client would send)."""
     from pathlib import Path
     doc = (Path(__file__).resolve().parents[1] / "data" / "docs" / "makerspace_handbook.txt").read_text()
-    return chat_ids(tokenizer, question, system="Answer the member's question from this handbook.\n\n" + doc)
+    return [{"role": "system", "content": "Answer the member's question from this handbook.\n\n" + doc},
+            {"role": "user", "content": question}]
+
+
+def handbook_ids(tokenizer, question: str) -> list[int]:
+    """handbook_messages through the chat template. Example: handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])"""
+    return context_ids(tokenizer, handbook_messages(question))
 
 
 def filler_ids(tokenizer, n: int) -> list[int]:

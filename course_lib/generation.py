@@ -250,14 +250,12 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
     decode_step it, until a stop condition fires. The GenerationResult is the generator's return value
     (generate() and stream() collect it for you). stop_ids: None = the model's end-of-turn tokens;
     () = none, so exactly max_new_tokens are made (what model.generate's min_new_tokens does).
-    draft: a drafter (speculative.py): k tokens are proposed and checked in one pass (greedy only)."""
+    draft: a drafter (speculative.py): k tokens are proposed and checked in one pass; pick greedy or a
+    sampler from sampling.make_sampler (speculative sampling keeps the sampler's distribution)."""
     if draft is not None:
-        if pick is not greedy:
-            raise ValueError("speculative decoding in the loop is greedy: leave pick at its default "
-                             "(speculative.accept_or_resample is the sampling rule, shown in lesson 14)")
         from .speculative import speculative_steps
         return (yield from speculative_steps(model, tokenizer, prompt_ids, max_new_tokens, draft=draft, k=k,
-                                             stop_strings=stop_strings, stop_ids=stop_ids))
+                                             stop_strings=stop_strings, stop_ids=stop_ids, pick=pick))
     ids = check_request(model, prompt_ids, max_new_tokens)
     window = model.config.max_position_embeddings
     stop_ids = end_of_turn_ids(model, tokenizer) if stop_ids is None else stop_ids

@@ -8,7 +8,7 @@ the cache (generation.prefill + decode_step) and without it (the whole sequence 
 timing every new token; counts the token positions each way pushes through the model; computes
 cache memory from the formula 2 x layers x key/value heads x head dimension x bytes x tokens and
 measures it on the real cache objects; and simulates a fixed KV memory budget under two policies.
-What it does not do: page or share cache blocks between requests (lesson 13), or call the model
+What it does not do: page or share cache blocks between requests (paged.py, lesson 13), or call the model
 other than through generation.prefill / decode_step (the deliberate no-cache run aside).
 """
 from __future__ import annotations

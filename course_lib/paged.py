@@ -261,11 +261,15 @@ class PagedView:
     def reserve(self, end: int) -> None:
         """Called by the model before its first layer: work out, once for all layers, which slots this step
         writes (the new tokens) and reads (every row's tokens, through its block table)."""
-        start, bs = self.length, self.pool.block_size
-        new = end - start
+        new = end - self.length
         if len(self.seqs) > 1 and new != 1:
             raise ValueError(f"a paged batch of {len(self.seqs)} rows decodes one token per row, got {new}: "
                              "prefill each prompt alone")
+        self._write, self._read = self.slots(new)
+
+    def slots(self, new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots the new tokens go to (B * new,), slots each row reads (B, S)), S = start + new."""
+        start, bs = self.length, self.pool.block_size
         write, read = [], []
         for s in self.seqs:
             if len(s.blocks) * bs < s.computed + new:
@@ -273,10 +277,10 @@ class PagedView:
                                   "tokens: call pool.grow(seq, tokens) first")
             write += [s.slot(p, bs) for p in range(s.computed, s.computed + new)]
             past = [s.slot(p, bs) for p in range(s.computed + new)]
-            read.append([past[0]] * (end - len(past)) + past)  # padding columns point anywhere: masked out
+            read.append([past[0]] * (start + new - len(past)) + past)  # padding columns point anywhere: masked out
         device = self.pool.keys[0].device
-        self._write = torch.tensor(write, dtype=torch.long, device=device)  # (B * T,)
-        self._read = torch.tensor(read, dtype=torch.long, device=device)  # (B, S)
+        return (torch.tensor(write, dtype=torch.long, device=device),  # (B * new,)
+                torch.tensor(read, dtype=torch.long, device=device))  # (B, S)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store (B, KV, T, D) keys and values in their slots; return every row's keys and values, (B, KV, S, D),

@@ -17,7 +17,7 @@ from .batching import Job, PagedBatch, run_paged
 from .context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
 from .generation import end_of_turn_ids, generate
 from .kv_cache import model_kv_bytes_per_token
-from .paged import PagedKVCache
+from .paged import PagedKVCache, PagedView, blocks_for
 
 SHORT_QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
                    "Write a haiku about rain.", "What is 12 times 7?")
@@ -84,7 +84,7 @@ def alone_tokens(model, tokenizer, jobs: list[Job]) -> dict[str, list[int]]:
 
 
 def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_caching: bool = True,
-                num_blocks: int = 400) -> list[dict]:
+                num_blocks: int = 100) -> list[dict]:
     """Handbook questions asked one after another on one pool: time to first token (admission to the first
     token: the prefill of what is not cached, plus one pick) and how many prompt tokens came from the cache."""
     pool, rows = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching), []
@@ -96,3 +96,56 @@ def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_cachi
         assert not batch.jobs
     pool.manager.check()
     return rows
+
+
+def gather_seconds(pool: PagedKVCache, seqs, repeats: int = 5) -> float:
+    """Seconds to gather these sequences' keys and values from their blocks into one (B, KV, S, D) tensor per
+    layer, as PagedView.write does every step (a paged attention kernel reads the blocks in place instead).
+    The median of `repeats`."""
+    _, read = PagedView(pool, list(seqs)).slots(0)  # (B, S)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for keys, values in zip(pool.keys, pool.values):
+            keys[read].transpose(1, 2), values[read].transpose(1, 2)  # (B, KV, S, D) each
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def budget_blocks(run: TraceRun, share: float = 0.85) -> int:
+    """A pool smaller than the trace's peak (share of it), yet big enough for its longest request alone."""
+    peak = max(used for _, used, _ in run.batch.memory)
+    longest = max(blocks_for(len(j.prompt) + j.new_tokens, run.pool.block_size) for j in run.jobs)
+    return max(int(share * peak), longest + 1)
+
+
+def bench_section(model, tokenizer, quick: bool = False) -> dict:
+    """The bench's `paged` section (lesson 13) on the course's own model built on `model`'s weights."""
+    from .model import Model
+    ours = model if isinstance(model, Model) else Model.from_transformers(model)
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    jobs, arrivals = trace_jobs(ours, tokenizer, 8 if quick else 96)
+    if quick:
+        jobs, arrivals = jobs[:3], arrivals[:3]
+    alone = alone_tokens(ours, tokenizer, jobs)
+    roomy = run_trace(ours, jobs, arrivals, 160)
+    budget = budget_blocks(roomy)
+    tight = {p: run_trace(ours, jobs, arrivals, budget, p) for p in ("preempt", "reject")}
+    questions = HANDBOOK_QUESTIONS[:2 if quick else 4]
+    hit, miss = prefix_ttft(ours, tokenizer, questions), prefix_ttft(ours, tokenizer, questions, prefix_caching=False)
+    same = (all(j.tokens == alone[j.name] for j in roomy.jobs) and all(j.tokens == alone[j.name] for j in tight["preempt"].jobs)
+            and all(j.tokens == alone[j.name] for j in tight["reject"].jobs if j.finish_reason != "rejected")
+            and [r["token"] for r in hit] == [r["token"] for r in miss])
+    ttft_hit, ttft_miss = median([r["ttft_s"] for r in hit[1:]]), median([r["ttft_s"] for r in miss])
+    hits = sum(r["reused_tokens"] for r in hit)
+    return {
+        "same_tokens": same, "requests": len(jobs), "block_size": roomy.pool.block_size,
+        "kv_bytes_contiguous": max(roomy.contiguous_bytes), "kv_bytes_paged": max(roomy.paged_bytes),
+        "trace_prefix_hit_rate": roomy.pool.hit_rate,
+        "prefix_tokens": max(r["reused_tokens"] for r in hit), "prefix_hit_rate": hits / sum(r["prompt_tokens"] for r in hit),
+        "ttft_no_prefix_s": ttft_miss, "ttft_prefix_s": ttft_hit, "prefix_ttft_ratio": ttft_miss / ttft_hit,
+        "budget_blocks": budget, "preempted": tight["preempt"].batch.preempted,
+        "recomputed_tokens": tight["preempt"].batch.recomputed_tokens,
+        "finished_preempt": tight["preempt"].finished, "finished_reject": tight["reject"].finished,
+        "tokens_per_s_preempt": tight["preempt"].tokens_per_s, "tokens_per_s_reject": tight["reject"].tokens_per_s,
+    }

@@ -184,3 +184,83 @@ def plot_roofline(names: list[str], bytes_per_token: list[float], ms_per_token: 
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title)
     return ax
+
+
+def plot_paged_memory(contiguous_bytes: list[float], paged_bytes: list[float], ax=None,
+                      title: str = "KV memory on the same trace: reserved per request, or held in blocks"):
+    """Per scheduler step: what a contiguous cache reserves (each request's prompt + allowance) and the bytes of
+    the blocks in use (MB)."""
+    ax = axes_or_new(ax)
+    ax.plot([b / 1e6 for b in contiguous_bytes], color=PALETTE[3], label="contiguous: prompt + max new tokens each")
+    ax.plot([b / 1e6 for b in paged_bytes], color=PALETTE[0], label="paged: blocks in use (shared ones once)")
+    ax.set_xlabel("scheduler step")
+    ax.set_ylabel("MB")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_block_tables(tables: dict[str, list[int]], ref: list[int], ax=None,
+                      title: str = "Block tables: logical block -> physical block"):
+    """One row per sequence, one cell per logical block, labelled with its physical block; cells used by more
+    than one sequence (ref > 1) in one colour, private ones in another."""
+    width = max(len(t) for t in tables.values())
+    ax = axes_or_new(ax, (min(14, 0.32 * width + 2.5), 0.45 * len(tables) + 1.2))
+    for row, (name, blocks) in enumerate(tables.items()):
+        for col, block in enumerate(blocks):
+            shared = ref[block] > 1
+            ax.add_patch(plt.Rectangle((col, row), 0.92, 0.85, color=PALETTE[0] if shared else PALETTE[1],
+                                       alpha=0.85 if shared else 0.6))
+            ax.text(col + 0.46, row + 0.43, str(block), ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, width)
+    ax.set_ylim(len(tables), 0)
+    ax.set_yticks([r + 0.43 for r in range(len(tables))], list(tables), fontsize=8)
+    ax.set_xlabel("logical block (cell text: physical block in the pool); blue = shared, orange = its own")
+    ax.set_title(title)
+    return ax
+
+
+def plot_paged_runs(runs: dict, budget_blocks: int, names: list[str]):
+    """One row per policy: blocks in use over time against the pool, and when each request held blocks
+    (from the scheduler's events: admitted, preempted, finished or rejected)."""
+    fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.2 * len(runs)), layout="constrained", squeeze=False)
+    for row, (policy, run) in enumerate(runs.items()):
+        ax = axes[row, 0]
+        ax.plot([t for t, _, _ in run.batch.memory], [u for _, u, _ in run.batch.memory], color=PALETTE[0])
+        ax.axhline(budget_blocks, color="black", linestyle="--", linewidth=1)
+        ax.set_ylim(0, budget_blocks * 1.15)
+        ax.set_xlim(0, run.seconds * 1.35)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("blocks in use")
+        ax.set_title(f"'{policy}': blocks in use (dashed: the pool)")
+        ax = axes[row, 1]
+        end = run.seconds
+        for i, name in enumerate(names):
+            spans, opened, fate, count, when = [], None, "running", 0, 0.0
+            for t, who, what in run.batch.events:
+                if who != name:
+                    continue
+                if what == "admitted":
+                    opened = t
+                elif what == "preempted":
+                    spans.append((opened, t - opened))
+                    opened, count = None, count + 1
+                else:
+                    fate, when = what, t
+                    if opened is not None:
+                        spans.append((opened, t - opened))
+                        opened = None
+            colour = PALETTE[7] if fate == "rejected" else PALETTE[2]
+            if spans:
+                ax.broken_barh(spans, (i - 0.4, 0.8), color=colour)
+            elif fate == "rejected":
+                ax.plot(when, i, "x", color=colour)
+            label = fate + (f", preempted {count}x" if count else "")
+            ax.text((spans[-1][0] + spans[-1][1]) if spans else when, i, " " + label, va="center", fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, end * 1.35)
+        ax.set_xlabel("seconds (bars: holding blocks)")
+        ax.set_title(f"'{policy}': {run.finished} of {len(names)} finished, {run.tokens_per_s:.1f} tok/s, "
+                     f"{run.batch.recomputed_tokens} tokens recomputed")
+    return fig

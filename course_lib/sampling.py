@@ -167,26 +167,45 @@ def effective_choices(probs: torch.Tensor) -> float:
     return 2.0 ** entropy_bits(probs)
 
 
-def make_sampler(config: SamplingConfig, seed: int | None = None, history: list[int] | None = None):
+class Sampler:
+    """A seeded picker: sampler(logits) -> (token, probability), the pick contract of generation.generate.
+    Its parts are public for speculative sampling (lesson 14), which must read the same distribution and
+    draw from the same generator: `distribution(logits)` (V,) after the filters, `draw(probs)`, `accept(token)`."""
+
+    def __init__(self, config: SamplingConfig, seed: int | None = None, history: list[int] | None = None):
+        self.config, self.seed = config, seed
+        self.generator = None
+        self.seen = list(history or [])  # the prompt and every chosen token (for the repetition penalty)
+
+    def distribution(self, logits: torch.Tensor) -> torch.Tensor:
+        """(V,) probabilities the next token is drawn from, given everything chosen so far."""
+        return logits_to_probs(logits, self.config, self.seen)
+
+    def rng(self, device) -> torch.Generator | None:
+        if self.generator is None and self.seed is not None:  # note: a generator lives on one device: make it there
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        return self.generator
+
+    def draw(self, probs: torch.Tensor) -> int:
+        if self.config.temperature == 0:
+            return int(probs.argmax())
+        return int(sample(probs, self.rng(probs.device))[0])
+
+    def accept(self, token: int) -> None:
+        self.seen.append(token)
+
+    def __call__(self, logits: torch.Tensor) -> tuple[int, float]:
+        probs = self.distribution(logits)  # (V,), on the logits' device
+        token = self.draw(probs)
+        self.accept(token)
+        return token, float(probs[token])
+
+
+def make_sampler(config: SamplingConfig, seed: int | None = None, history: list[int] | None = None) -> Sampler:
     """A pick(logits) -> (token, probability) function for generation.generate; seeded, so a result can be
     repeated. The probability is the chosen token's in the distribution it was drawn from (after the filters).
     history: the prompt IDs, needed only for the repetition penalty (chosen tokens are appended)."""
-    generator = None
-    seen = list(history or [])
-
-    def pick(logits: torch.Tensor) -> tuple[int, float]:
-        nonlocal generator
-        probs = logits_to_probs(logits, config, seen)  # (V,), on the logits' device
-        if config.temperature == 0:
-            token = int(probs.argmax())
-        else:
-            if generator is None and seed is not None:  # note: a generator lives on one device: make it there
-                generator = torch.Generator(device=probs.device).manual_seed(seed)
-            token = int(sample(probs, generator)[0])
-        seen.append(token)
-        return token, float(probs[token])
-
-    return pick
+    return Sampler(config, seed, history)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ each an object with one method `propose(context, k) -> list[int]`: `PromptLookup
 the last few tokens earlier in the context), `ModelDrafter` (a cheaper model, for example the 4-bit
 format of lesson 12, with its own cache) and `early_exit(model, n)` (the first n layers with the
 model's head). `speculative_steps` is the loop's peer: it yields the same Steps and stops by the same
-Stopper as generation.generate_steps, which hands over to it when given `draft=`. For sampling,
-`accept_or_resample` is the rule that keeps the model's distribution exactly (tested by chi-square).
+Stopper as generation.generate_steps, which hands over to it when given `draft=`. With a sampler
+(sampling.make_sampler) it samples: `accept_or_resample` is the rule that keeps the model's
+distribution exactly (`sample_verified` applies it; tested by chi-square, a wrong rule shown failing).
 What it does not do: batch several requests, or draft trees of candidates (production engines do both).
 """
 from __future__ import annotations
@@ -96,20 +97,47 @@ class Verified:
     bonus_prob: float
 
 
-def verify(model, cache: KVCache, last: int, draft: list[int]) -> Verified:
+def verify(model, cache: KVCache, last: int, draft: list[int], sampler=None) -> Verified:
     """One pass over [last] + draft on the model's cache (which holds everything before `last`); accept the
-    longest agreeing prefix; roll the cache back so it holds everything up to the last accepted token."""
+    longest prefix the model agrees with (greedy: its own top choices; with a sampling.Sampler: the rule of
+    `sample_verified`); roll the cache back so it holds everything up to the last accepted token."""
     start = cache.length
     ids = torch.tensor([[last] + draft], device=model.device)  # (1, k + 1)
     logits, _ = run_model(model, ids, cache, keep=len(draft) + 1)  # (1, k + 1, V)
-    n = 0
+    if sampler is not None:
+        accepted, bonus, prob = sample_verified(logits[0], draft, sampler)
+    else:
+        n = 0
+        for i, token in enumerate(draft):
+            if greedy(logits[0, i])[0] != token:
+                break
+            n += 1
+        accepted, (bonus, prob) = draft[:n], greedy(logits[0, n])
+    cache.rollback(start + 1 + len(accepted))  # keep `last` and the accepted draft; the bonus is fed next time
+    return Verified(accepted, bonus, prob)
+
+
+def sample_verified(logits: torch.Tensor, draft: list[int], sampler) -> tuple[list[int], int, float]:
+    """Speculative sampling over one verify pass. logits (k + 1, V): the model's at [last] + draft. For each
+    drafted token in order, `accept_or_resample` with the drafter's distribution one-hot on it (our drafters
+    propose deterministically): accepted with probability p(token), otherwise a token is drawn from p with the
+    drafted one removed, and the rest of the draft is dropped. If all are accepted, one more is drawn from the
+    last position. Returns (accepted, the model's own token, its probability); each output token is
+    distributed exactly as plain sampling would draw it. sampler: a sampling.Sampler (its filters, its seed)."""
+    accepted = []
     for i, token in enumerate(draft):
-        if greedy(logits[0, i])[0] != token:
-            break
-        n += 1
-    bonus, prob = greedy(logits[0, n])
-    cache.rollback(start + 1 + n)  # keep `last` and the accepted draft; the bonus is fed next time
-    return Verified(draft[:n], bonus, prob)
+        p = sampler.distribution(logits[i])  # (V,)
+        one_hot = torch.zeros_like(p)
+        one_hot[token] = 1.0
+        chosen = accept_or_resample(p, one_hot, token, sampler.rng(p.device)) if sampler.config.temperature else int(p.argmax())
+        sampler.accept(chosen)
+        if chosen != token:
+            return accepted, chosen, float(p[chosen])
+        accepted.append(token)
+    p = sampler.distribution(logits[len(draft)])
+    bonus = sampler.draw(p)
+    sampler.accept(bonus)
+    return accepted, bonus, float(p[bonus])
 
 
 @dataclass
@@ -129,9 +157,15 @@ class SpecStats:
 
 
 def speculative_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, draft, k: int = 4,
-                      stop_strings=(), stop_ids=None):
-    """Greedy generation with a drafter: the same Steps and stop conditions as generation.generate_steps,
-    and the same tokens as plain greedy decoding. The result's `speculative` attribute holds the counts."""
+                      stop_strings=(), stop_ids=None, pick=greedy):
+    """Generation with a drafter: the same Steps and stop conditions as generation.generate_steps. pick: greedy
+    (the same tokens as plain greedy decoding) or a sampling.Sampler (make_sampler; speculative sampling: the
+    same distribution as plain sampling). The result's `speculative` attribute holds the counts."""
+    from .sampling import Sampler
+    if pick is not greedy and not isinstance(pick, Sampler):
+        raise ValueError("speculative decoding needs pick=greedy or a sampler from sampling.make_sampler (it must "
+                         "read the sampler's distribution to accept or resample drafted tokens)")
+    sampler = pick if isinstance(pick, Sampler) else None
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k (tokens drafted per verify step) must be a positive integer, got {k!r}")
     if not hasattr(draft, "propose"):
@@ -146,7 +180,7 @@ def speculative_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
     logits, cache = prefill(model, ids, capacity=min(window, len(ids) + max_new_tokens + k + 1))
     result = GenerationResult(ids, [], "", "max_new_tokens")
     result.speculative = stats
-    token, prob = greedy(logits[0])
+    token, prob = pick(logits[0])
     pending = [(token, prob, False)]  # tokens to emit: (id, probability, was it drafted)
     while True:
         for token, prob, drafted in pending:
@@ -160,7 +194,7 @@ def speculative_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
         context = ids + result.token_ids
         room = min(k, window - len(context) - 1, max_new_tokens - len(result.token_ids))
         proposal = draft.propose(context, room)[:room] if room > 0 else []
-        v = verify(model, cache, result.token_ids[-1], proposal)
+        v = verify(model, cache, result.token_ids[-1], proposal, sampler)
         stats.verify_steps += 1
         stats.drafted += len(proposal)
         stats.accepted += len(v.accepted)

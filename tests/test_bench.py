@@ -79,3 +79,12 @@ def test_part_two_sections_report_their_keys(model, tokenizer):
     assert st["mask_ms_per_token"] > 0 and st["hand_mask_ms_per_token"] > 0 and st["decode_ms_per_token"] > 0
     names = [what for what, _, _ in targets(result)]
     assert any("grounded edit" in n for n in names) and any("constrained answer valid" in n for n in names)
+
+
+def test_paged_section_reports_its_keys(model, tokenizer):
+    p = run(model, tokenizer, quick=True, only="paged", progress=False)["paged"]
+    assert {"same_tokens", "kv_bytes_contiguous", "kv_bytes_paged", "prefix_hit_rate", "ttft_no_prefix_s", "ttft_prefix_s",
+            "prefix_ttft_ratio", "preempted", "recomputed_tokens"} <= set(p)
+    assert p["same_tokens"] is True and 0 < p["kv_bytes_paged"] < p["kv_bytes_contiguous"]
+    assert 0.4 < p["prefix_hit_rate"] < 1 and p["ttft_prefix_s"] < p["ttft_no_prefix_s"]
+    assert p["prefix_ttft_ratio"] == pytest.approx(p["ttft_no_prefix_s"] / p["ttft_prefix_s"])

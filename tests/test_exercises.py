@@ -208,6 +208,19 @@ def test_lesson12():
     assert not lesson12.check_block(lambda w: ((w.max() - w.min()) / 16, w.min()))  # 16 steps instead of 15
 
 
+def test_lesson13():
+    from course_lib.exercises import lesson13
+    s = solution(13, None, None)
+    assert lesson13.check_blocks_needed(s.blocks_needed)
+    assert lesson13.check_shared_blocks(s.shared_blocks)
+    assert lesson13.check_ttft_prediction(s.predict_ttft)
+    assert not lesson13.check_blocks_needed(lambda p, n, b=16: (p + n) // b)  # the partial block forgotten
+    assert not lesson13.check_shared_blocks(lambda prompts, b: sum(-(-len(p) // b) for p in prompts))  # no sharing
+    assert not lesson13.check_shared_blocks(  # shared by block content alone, ignoring what came before
+        lambda prompts, b: len({tuple(p[i:i + b]) for p in prompts for i in range(0, len(p), b)}))
+    assert not lesson13.check_ttft_prediction(lambda t, n, c: t * c / n)  # the cached share, not the computed one
+
+
 def test_lesson14():
     from course_lib.exercises import lesson14
     s = solution(14, None, None)

@@ -99,3 +99,62 @@ def test_a_wrong_rule_is_caught(real_logits):
         return int(torch.multinomial(p, 1, generator=generator))
 
     assert _chi_square_p_value(_draws(p, q, wrong), p) < 1e-3
+
+
+def _first_two(logits, draft, config, n, rule=None, monkeypatch=None):
+    """n runs of sample_verified on fixed logits: counts of the first emitted token, and of the second given the
+    first drafted token was accepted."""
+    from course_lib import speculative
+    from course_lib.sampling import make_sampler
+    if rule is not None:
+        monkeypatch.setattr(speculative, "accept_or_resample", rule)
+    sampler = make_sampler(config, seed=0)
+    first, second = torch.zeros(logits.shape[1]), torch.zeros(logits.shape[1])
+    for _ in range(n):
+        accepted, bonus, _ = speculative.sample_verified(logits, draft, sampler)
+        out = accepted + [bonus]
+        first[out[0]] += 1
+        if accepted:
+            second[out[1]] += 1
+        sampler.seen.clear()
+    return first, second
+
+
+def test_speculative_sampling_keeps_each_tokens_distribution(real_logits):
+    from course_lib.sampling import SamplingConfig, logits_to_probs
+    logits = real_logits[:, :].gather(1, real_logits[0].topk(16).indices.expand(3, 16))  # (3, 16): a real sub-vocabulary
+    config = SamplingConfig(temperature=0.9, top_k=12)
+    draft = [int(logits[0].argsort(descending=True)[1]), int(logits[1].argmax())]  # the second most likely, then the top
+    first, second = _first_two(logits, draft, config, 12_000)
+    for counts, row in ((first, 0), (second, 1)):
+        p = logits_to_probs(logits[row], config)
+        assert _chi_square_p_value(counts.long(), p) > 1e-3
+
+
+def test_speculative_sampling_with_a_wrong_rule_is_caught(real_logits, monkeypatch):
+    from course_lib.sampling import SamplingConfig, logits_to_probs
+    logits = real_logits[:, :].gather(1, real_logits[0].topk(16).indices.expand(3, 16))
+    config = SamplingConfig(temperature=0.9, top_k=12)
+    draft = [int(logits[0].argsort(descending=True)[1]), int(logits[1].argmax())]
+
+    def wrong(p, q, drafted, generator):  # on rejection, draw from p itself (the drafted token can come back)
+        if torch.rand((), generator=generator) < float(p[drafted]):
+            return drafted
+        return int(torch.multinomial(p, 1, generator=generator))
+
+    first, _ = _first_two(logits, draft, config, 12_000, wrong, monkeypatch)
+    assert _chi_square_p_value(first.long(), logits_to_probs(logits[0], config)) < 1e-3
+
+
+def test_sampling_runs_in_the_loop_with_a_drafter(ours, tokenizer):
+    from course_lib.sampling import SamplingConfig, make_sampler
+    prompt = edit_ids(tokenizer)
+    greedy_run = generate(ours, tokenizer, prompt, 30)
+    cold = generate(ours, tokenizer, prompt, 30, pick=make_sampler(SamplingConfig(temperature=0)), draft=PromptLookup(3))
+    assert cold.token_ids == greedy_run.token_ids  # temperature 0 is greedy, drafted or not
+    runs = [generate(ours, tokenizer, prompt, 30, pick=make_sampler(SamplingConfig(temperature=0.7), seed=s),
+                     draft=PromptLookup(3)) for s in (1, 1, 2)]
+    assert runs[0].token_ids == runs[1].token_ids  # seeded: repeatable
+    assert all(r.speculative.accepted > 0 and r.stop_reason in ("end_of_turn", "max_new_tokens") for r in runs)
+    with pytest.raises(ValueError, match="make_sampler"):
+        generate(ours, tokenizer, prompt, 5, pick=lambda logits: (0, 1.0), draft=PromptLookup(3))

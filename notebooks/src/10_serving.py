@@ -148,7 +148,7 @@ print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clam
 #
 # | Feature (named in their docs) | vLLM | TGI | Where the course measured the cost it answers |
 # |---|---|---|---|
-# | PagedAttention: KV cache in blocks, allocated as needed | yes | yes | 07: the KV budget, reject or evict |
+# | PagedAttention: KV cache in blocks, allocated as needed | yes | yes | 07: the KV budget; 13 builds it |
 # | Continuous batching of incoming requests | yes | yes | 09: static against continuous; this server's engine |
 # | Quantization (GPTQ, AWQ, bitsandbytes...) | yes | yes | 03 and 08: bytes per weight; decode reads every weight |
 # | CUDA graphs / custom CUDA kernels | yes | yes | 08: kernel-launch overhead at batch 1 |
@@ -156,6 +156,29 @@ print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clam
 # | Streaming outputs, OpenAI-compatible API | yes | yes | 06 and this lesson |
 #
 # None of these changes what inference *is*: each makes one of the costs above smaller.
+#
+# The first row is built in lesson 13 on the course's own model (lesson 11): the KV cache as a pool of
+# 16-token blocks, a block table per request, prompts that start alike sharing blocks (prefix caching),
+# and a full pool pausing a request instead of refusing it. This server runs on it with one option,
+# `kv_cache="paged"`, and gives the same answer:
+
+# %%
+paged_server = start_server(model, tokenizer, port=free_port(), kv_cache="paged", kv_blocks=160)
+paged_client = openai.OpenAI(base_url=paged_server.url + "/v1", api_key="not-needed-locally")
+same = paged_client.chat.completions.create(
+    model="smollm2-135m-instruct", temperature=0,
+    messages=[{"role": "system", "content": "You are a helpful assistant."},
+              {"role": "user", "content": "What is the capital of France?"}])
+print(repr(same.choices[0].message.content), "| same as above:", same.choices[0].message.content == reply.choices[0].message.content)
+print("pool:", httpx.get(paged_server.url + "/health").json()["kv_blocks"])
+paged_server.stop()
+
+# %% [markdown]
+# vLLM and SGLang are the production versions of that mechanism. What they add: attention kernels that
+# read keys and values from the blocks in place (ours gathers them into one tensor per layer first, a
+# copy per step), prefix sharing kept as a radix tree of token sequences (SGLang's RadixAttention; vLLM
+# hashes blocks in a chain, as lesson 13 does), prefill split into chunks and mixed with decode steps,
+# and one pool spread across many GPUs.
 
 # %% [markdown]
 # ## 6. Stop the server
@@ -172,7 +195,8 @@ print("server stopped; engine thread alive:", server.app.state.engine.thread.is_
 # - Streaming sends each piece over server-sent events as the loop produces it.
 # - Batching concurrent clients raises total throughput and lengthens each client's wait for the first token.
 # - A server must turn bad input into clear HTTP errors and stop work for clients that leave.
-# - Production servers (vLLM, TGI) add paged KV memory, continuous batching and quantization on the same foundations.
+# - Production servers (vLLM, SGLang, TGI) add paged KV memory (lesson 13), continuous batching and quantization on
+#   the same foundations; `kv_cache="paged"` runs this server on lesson 13's paged cache.
 
 # %% [markdown]
 # ---

@@ -1,0 +1,63 @@
+"""Checks for 13_paged_memory: blocks a conversation takes, blocks shared by prompts, a prefix hit's first token."""
+from __future__ import annotations
+
+from ..paged import PagedKVCache, Sequence, blocks_for
+from . import safely, verdict
+
+
+def check_blocks_needed(blocks_needed) -> bool:
+    """blocks_needed(prompt_tokens, new_tokens, block_size=16) -> blocks one conversation holds at its end."""
+    for case in [(37, 96, 16), (16, 0, 16), (17, 0, 16), (1127, 96, 16), (5, 3, 4)]:
+        ok, got = safely(blocks_needed, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = blocks_for(case[0] + case[1], case[2])
+        if got != want:
+            return verdict(False, "", f"for {case} you said {got!r}, expected {want}. Hint: every token needs a slot, "
+                           "a block has block_size slots, and a block that is only partly full still counts")
+    return verdict(True, "a 1,127-token question with 96 new tokens holds 77 blocks: 1,232 slots for 1,223 tokens", "")
+
+
+def pool_blocks(prompts: list[list[int]], block_size: int) -> int:
+    """Blocks in use once every prompt is admitted and prefilled, one after another, none finished: what the
+    course's pool really does (no model needed: the blocks are named from the tokens alone)."""
+    pool = PagedKVCache(1, 1, 1, 64, block_size)
+    for tokens in prompts:
+        seq = Sequence(list(tokens))
+        pool.admit(seq)
+        pool.grow(seq, len(tokens))
+        pool.commit(seq, len(tokens) - seq.computed)
+    return pool.manager.num_used
+
+
+def check_shared_blocks(shared_blocks) -> bool:
+    """shared_blocks(prompts, block_size) -> blocks the pool holds for these prompts, all still running."""
+    cases = [([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 8], [9, 9, 9, 9, 9]], 2),
+             ([[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 7, 8, 1]], 4),
+             ([[5, 5, 5, 5], [5, 5, 5, 5]], 2),
+             ([[1, 2, 3], [2, 1, 3]], 1)]
+    for prompts, size in cases:
+        ok, got = safely(shared_blocks, [list(p) for p in prompts], size)
+        if not ok:
+            return verdict(False, "", got)
+        want = pool_blocks(prompts, size)
+        if got != want:
+            return verdict(False, "", f"for {prompts} in blocks of {size} you said {got!r}, the pool holds {want}. Hint: "
+                           "a full block is shared only if every token before it matches too; a partial block is "
+                           "never shared; and a prompt's last token is always computed, so its block is its own")
+    return verdict(True, "two identical 4-token prompts in blocks of 2 hold 3 blocks, not 2: the second one's last "
+                   "block is recomputed so its last token has logits", "")
+
+
+def check_ttft_prediction(predict_ttft) -> bool:
+    """predict_ttft(ttft_no_hit_s, prompt_tokens, cached_tokens) -> the time to first token if prefill time
+    is proportional to the tokens it computes."""
+    for case in [(2.0, 1000, 900), (1.0, 100, 0), (3.5, 1127, 1104)]:
+        ok, got = safely(predict_ttft, *case)
+        if not ok:
+            return verdict(False, "", got)
+        want = case[0] * (case[1] - case[2]) / case[1]
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-9:
+            return verdict(False, "", f"for {case} you said {got!r}, expected {want:.4f}. Hint: only the tokens that "
+                           "are not cached are computed")
+    return verdict(True, "the next cell compares this rule with the measurement", "")
