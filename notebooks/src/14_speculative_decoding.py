@@ -158,8 +158,22 @@ print("rule draws: ", [round(float(x), 3) for x in draws])
 
 # %% [markdown]
 # The test suite does this with a chi-square test over 20,000 draws, and shows a wrong rule (drawing from p
-# itself after a rejection) failing it.
+# itself after a rejection) failing it, both for the rule alone and inside a verify step.
 #
+# The loop runs it: give `generate` a sampler (lesson 05) and a drafter. Our drafters propose one token
+# for sure (q is one-hot), so a drafted token is kept with probability p(x), the model's own chance of
+# drawing it. The hotter the sampling, the less the answer copies the paragraph and the fewer drafts
+# survive (one seed, so the run repeats):
+
+# %%
+from course_lib.sampling import SamplingConfig, make_sampler
+for t in (0.0, 0.7, 1.0):
+    r = generate(ours, tokenizer, edit, N, pick=make_sampler(SamplingConfig(temperature=t), seed=0),
+                 draft=PromptLookup(3))
+    print(f"temperature {t}: acceptance {r.speculative.acceptance_rate:.2f}, "
+          f"{r.speculative.tokens_per_verify:.2f} tokens per verify step | {r.text[:70]!r}")
+
+# %% [markdown]
 # ## Summary
 #
 # - Checking k drafted tokens costs one pass, far less than k steps but more than one: section 1's ratios
@@ -168,7 +182,8 @@ print("rule draws: ", [round(float(x), 3) for x in draws])
 #   have chosen itself, and the cache rolls back past the rest in one assignment.
 # - It pays when the drafter is cheap and often right: prompt lookup on text that copies its input; on free
 #   writing the numbers of section 4 say which drafter, if any, wins here.
-# - The sampling rule accepts with min(1, p/q) and resamples from max(0, p - q): the output keeps p.
+# - The sampling rule accepts with min(1, p/q) and resamples from max(0, p - q): the output keeps p, and
+#   `generate(..., pick=make_sampler(...), draft=...)` samples that way in the loop.
 #
 # ---
 # ## Exercises
