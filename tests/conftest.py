@@ -47,3 +47,21 @@ def chat_ids(tokenizer, question, system="You are a helpful assistant."):
     """The tests' default: the question with the course's short system prompt (context.chat_ids)."""
     from course_lib.context import chat_ids as build
     return build(tokenizer, question, system)
+
+
+@pytest.fixture(scope="session")
+def tiny(tokenizer):
+    """A tiny random llama built from a config (2 layers, hidden size 64, 4 query and 2 key/value heads) with
+    the real tokenizer's vocabulary and end-of-turn token: for tests of mechanics that hold for any model
+    (cache operations, paging, batching, speculative identity), about a hundred times cheaper per token
+    than the real one. Its weights are drawn wide (std 0.5) so greedy choices are not near-ties."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                         rope_theta=100_000.0, tie_word_embeddings=True, initializer_range=0.5,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.generation_config = GenerationConfig(eos_token_id=2, pad_token_id=2)
+    return model

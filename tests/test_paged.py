@@ -1,5 +1,6 @@
-"""Lesson 13: the block manager on its own, and the paged cache against the contiguous one on the real model
-(single prompts, a batch, prefix hits, preemption and recompute): same tokens everywhere, no block leaked."""
+"""Lesson 13: the block manager on its own, and the paged cache against the contiguous one (single prompts on
+the real model and the library; a batch, prefix hits, preemption and recompute on the tiny random model of
+conftest, since paging must keep the tokens of any model): same tokens everywhere, no block leaked."""
 import random
 
 import pytest
@@ -21,19 +22,25 @@ def ours(model):
 
 
 @pytest.fixture(scope="module")
+def small(tiny):
+    """The course's model written out on the tiny random weights."""
+    return Model.from_transformers(tiny)
+
+
+@pytest.fixture(scope="module")
 def stop(model, tokenizer):
     return frozenset(end_of_turn_ids(model, tokenizer))
 
 
 @pytest.fixture(scope="module")
-def alone(ours, tokenizer, stop):
-    """Greedy tokens of each prompt run alone on lesson 11's contiguous cache, 32 new tokens at most."""
+def alone(tokenizer, stop):
+    """alone(m, prompt): greedy tokens of the prompt run alone on lesson 11's contiguous cache, 32 at most."""
     cache = {}
 
-    def run(prompt):
-        key = tuple(prompt)
+    def run(m, prompt):
+        key = (id(m), tuple(prompt))
         if key not in cache:
-            cache[key] = generate(ours, tokenizer, prompt, max_new_tokens=32, stop_ids=stop).token_ids
+            cache[key] = generate(m, tokenizer, prompt, max_new_tokens=32, stop_ids=stop).token_ids
         return cache[key]
     return run
 
@@ -151,70 +158,71 @@ def test_alone_paged_equals_contiguous_and_the_library(model, ours, tokenizer, s
         pool = PagedKVCache.for_model(ours, 16)
         batching.run_paged(ours, [job], pool)
         library = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
-        assert job.tokens == alone(prompt) == library[:len(job.tokens)]
+        assert job.tokens == alone(ours, prompt) == library[:len(job.tokens)]
         assert pool.manager.num_used == 0
         pool.manager.check()
 
 
-def test_a_paged_batch_gives_each_request_its_tokens_alone(ours, tokenizer, stop, alone):
+def test_a_paged_batch_gives_each_request_its_tokens_alone(small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
     jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(ours, 64)
-    batch = batching.run_paged(ours, jobs, pool, arrivals=[0, 0, 3, 5])
-    assert [j.tokens for j in jobs] == [alone(p) for p in prompts]
+    pool = PagedKVCache.for_model(small, 64)
+    batch = batching.run_paged(small, jobs, pool, arrivals=[0, 0, 3, 5])
+    assert [j.tokens for j in jobs] == [alone(small, p) for p in prompts]
     assert batch.preempted == 0 and pool.hits > 0  # the course's system prompt is shared
     assert pool.manager.num_used == 0
     pool.manager.check()
 
 
-def test_prefix_hits_skip_the_shared_document_and_keep_the_tokens(ours, tokenizer, stop, alone):
+def test_prefix_hits_skip_the_shared_document_and_keep_the_tokens(small, tokenizer, stop, alone):
     prompts = [handbook_ids(tokenizer, q) for q in HANDBOOK_QUESTIONS[:2]]
-    pool = PagedKVCache.for_model(ours, 200)
+    pool = PagedKVCache.for_model(small, 200)
     for p in prompts:
         job = batching.Job("q", p, 32, stop)
-        batching.run_paged(ours, [job], pool)
-        assert job.tokens == alone(p)
+        batching.run_paged(small, [job], pool)
+        assert job.tokens == alone(small, p)
     assert pool.hits >= 1_000  # the second question found the handbook's blocks
     shared = pool.manager.match(paged.prefix_hashes(prompts[0]))
     before = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
     job = batching.Job("q", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[2]), 4, stop)
-    batching.run_paged(ours, [job], pool)
+    batching.run_paged(small, [job], pool)
     after = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
     assert torch.equal(before, after)  # a shared block is read, never written
 
 
-def test_preempted_requests_are_recomputed_and_answer_as_if_alone(ours, tokenizer, stop, alone):
+def test_preempted_requests_are_recomputed_and_answer_as_if_alone(ours, small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(ours, 12)  # room for about three answers at a time, not four
-    batch = batching.run_paged(ours, jobs, pool)
-    assert batch.preempted >= 1 and batch.recomputed_tokens > 0
-    assert [j.tokens for j in jobs] == [alone(p) for p in prompts]
-    assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
-    assert pool.manager.num_used == 0
-    pool.manager.check()
+    for m in (small, ours):  # the tiny model runs every answer to 32 tokens; the real one stops some early
+        jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+        pool = PagedKVCache.for_model(m, 12)  # room for about three answers at a time, not four
+        batch = batching.run_paged(m, jobs, pool)
+        assert batch.preempted >= 1 and batch.recomputed_tokens > 0
+        assert [j.tokens for j in jobs] == [alone(m, p) for p in prompts]
+        assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
+        assert pool.manager.num_used == 0
+        pool.manager.check()
 
 
-def test_reject_turns_away_what_it_cannot_reserve_and_never_preempts(ours, tokenizer, stop, alone):
+def test_reject_turns_away_what_it_cannot_reserve_and_never_preempts(small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
     jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(ours, 12)
-    batch = batching.run_paged(ours, jobs, pool, policy="reject")
+    pool = PagedKVCache.for_model(small, 12)
+    batch = batching.run_paged(small, jobs, pool, policy="reject")
     assert batch.preempted == 0 and batch.rejected >= 1
     for job, prompt in zip(jobs, prompts):
-        assert job.finish_reason == batching.REJECTED or job.tokens == alone(prompt)
+        assert job.finish_reason == batching.REJECTED or job.tokens == alone(small, prompt)
     assert pool.manager.num_used == 0
 
 
-def test_a_prompt_bigger_than_the_pool_is_rejected_not_hung(ours, tokenizer, stop):
+def test_a_prompt_bigger_than_the_pool_is_rejected_not_hung(small, tokenizer, stop):
     job = batching.Job("big", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]), 8, stop)
-    batch = batching.run_paged(ours, [job], PagedKVCache.for_model(ours, 8))
+    batch = batching.run_paged(small, [job], PagedKVCache.for_model(small, 8))
     assert job.finish_reason == batching.REJECTED and batch.rejected == 1
 
 
-def test_a_cancelled_job_gives_its_blocks_back(ours, tokenizer, stop):
-    pool = PagedKVCache.for_model(ours, 16)
-    batch = batching.PagedBatch(ours, pool)
+def test_a_cancelled_job_gives_its_blocks_back(small, tokenizer, stop):
+    pool = PagedKVCache.for_model(small, 16)
+    batch = batching.PagedBatch(small, pool)
     job = batching.Job("c", chat_ids(tokenizer, QUESTIONS[0]), 32, stop)
     batch.add([job])
     batch.step()
