@@ -248,12 +248,30 @@ def _paged_section(model, tokenizer, quick):
 
 
 def _widgets_section(model, tokenizer):
+    """Milliseconds of what each widget runs when a control moves (the same html_views functions its observers
+    call; ipywidgets itself is not needed): the sampling explorer over one set of logits, the attention
+    explorer over (L, H, T, T) weights, the tokenizer box after a pasted book. Medians where repeated."""
     from .forward import forward_logits
-    from .widgets import redraw_ms, tokenizer_box_ms  # note: the bench reaches widget code only in this section
+    from .html_views import attention_table, sampling_view, tokenizer_comparison
+    from .sampling import SamplingConfig
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     logits = forward_logits(model, story_ids(tokenizer))[0, -1].cpu()
-    out = redraw_ms(logits, {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()})
-    out["tokenizer_box_200k_chars_ms"] = tokenizer_box_ms(tokenizer)
-    return out
+    labels = {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()}
+    sampling = []
+    for t in [0.2, 0.5, 0.8, 1.1, 1.4, 1.7, 2.0]:
+        start = time.perf_counter()
+        sampling_view(logits, labels, SamplingConfig(temperature=t))
+        sampling.append((time.perf_counter() - start) * 1000)
+    weights, attention = torch.rand(30, 9, 12, 12).tril(), []
+    for layer in range(1, 8):
+        start = time.perf_counter()
+        attention_table(weights[layer, 0].tolist(), [f"t{i}" for i in range(12)], f"layer {layer}, head 0")
+        attention.append((time.perf_counter() - start) * 1000)
+    text = ("The bank is closed because they had no money left. Crème brûlée in 東京 🍮. " * 2858)[:200_000]
+    start = time.perf_counter()
+    tokenizer_comparison(tokenizer, text)
+    return {"sampling_explorer_ms": median(sampling), "attention_explorer_ms": median(attention),
+            "tokenizer_box_200k_chars_ms": (time.perf_counter() - start) * 1000}
 
 
 # Each section returns a dict merged into the result; its keys are the JSON keys the issues name.

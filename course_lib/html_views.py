@@ -132,3 +132,23 @@ def highlighted_tokens(pieces: list[str], marked: list[bool], legend: str = "mar
     return (f'<div style="font-size:12px;margin-bottom:4px"><span style="background:{PALETTE[2]}55">highlighted</span>: '
             f'{html.escape(legend)} ({sum(marked)} of {len(marked)} tokens)</div>'
             f'<div style="white-space:pre-wrap;font-family:monospace;font-size:13px">{"".join(spans)}</div>')
+
+
+def tokenizer_comparison(tokenizer, text: str) -> str:
+    """What the tokenizer box shows for `text`: both tokenizations as chips with their counts. Every token is
+    counted, but chips are built only for those drawn (MAX_CHIPS each), so a pasted book stays responsive."""
+    from .tokenization import Token, cl100k, encode, tokens_of
+    ids, cl_ids = encode(tokenizer, text), cl100k().encode(text, disallowed_special=())
+    cl_tokens = [Token(i, cl100k().decode_single_token_bytes(i)) for i in cl_ids[:MAX_CHIPS]]
+    return compare(tokens_of(tokenizer, ids[:MAX_CHIPS]), cl_tokens, totals=(len(ids), len(cl_ids)))
+
+
+def sampling_view(logits, labels: dict[int, str], config, show: int = 12, history=(), drawn=None):
+    """What the sampling explorer shows for one setting: (bars HTML, readout HTML, the token IDs shown).
+    logits: (V,) computed once; config: sampling.SamplingConfig; drawn: frequencies of drawn samples or None."""
+    from .sampling import reshape
+    r = reshape(logits, config, show, history)
+    bars = probability_bars([labels[i] for i in r.ids], r.before, r.after, drawn)
+    readout = (f"<b>kept tokens:</b> {r.kept:,} of {logits.shape[-1]:,} · <b>effective choices</b> "
+               f"(2<sup>entropy</sup>): {r.choices_before:.1f} → {r.choices_after:.1f}")
+    return bars, readout, r.ids

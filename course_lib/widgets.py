@@ -13,8 +13,7 @@ import ipywidgets as W
 import torch
 
 from . import html_views
-from .sampling import SamplingConfig, logits_to_probs, reshape, sample
-from .tokenization import Token, cl100k, encode, tokens_of
+from .sampling import SamplingConfig, logits_to_probs, sample
 
 
 def tokenizer_box(tokenizer, text: str = "Crème brûlée in 東京 costs 1,250 yen 🍮") -> W.VBox:
@@ -24,11 +23,7 @@ def tokenizer_box(tokenizer, text: str = "Crème brûlée in 東京 costs 1,250 
     out = W.HTML()
 
     def render(change=None):
-        # note: count every token, but build chips only for those drawn (a pasted book stays responsive)
-        ids, cl_ids = encode(tokenizer, box.value), cl100k().encode(box.value, disallowed_special=())
-        cap = html_views.MAX_CHIPS
-        cl_tokens = [Token(i, cl100k().decode_single_token_bytes(i)) for i in cl_ids[:cap]]
-        out.value = html_views.compare(tokens_of(tokenizer, ids[:cap]), cl_tokens, totals=(len(ids), len(cl_ids)))
+        out.value = html_views.tokenizer_comparison(tokenizer, box.value)
 
     box.observe(render, names="value")
     render()
@@ -70,11 +65,8 @@ class SamplingExplorer:
         start = time.perf_counter()
         if change is not None:
             self.drawn = None  # old draws no longer match the setting
-        r = reshape(self.logits, self.config(), self.show, self.history)
-        self.bars.value = html_views.probability_bars([self.labels[i] for i in r.ids], r.before, r.after, self.drawn)
-        self.readout.value = (f"<b>kept tokens:</b> {r.kept:,} of {self.logits.shape[-1]:,} · <b>effective choices</b> "
-                              f"(2<sup>entropy</sup>): {r.choices_before:.1f} → {r.choices_after:.1f}")
-        self.ids = r.ids
+        self.bars.value, self.readout.value, self.ids = html_views.sampling_view(
+            self.logits, self.labels, self.config(), self.show, self.history, self.drawn)
         self.last_update_ms = (time.perf_counter() - start) * 1000
 
     def draw(self, _=None):
@@ -124,30 +116,3 @@ class AttentionExplorer:
 
     def widget(self) -> W.VBox:
         return W.VBox([W.HBox([self.layer, self.head]), self.view])
-
-
-def redraw_ms(logits, labels: dict[int, str]) -> dict:
-    """Median redraw time of the sampling and attention explorers (Python side, no browser), for the bench.
-    logits: (V,) on the CPU; labels: token ID -> text for the tokens shown."""
-    sampler = SamplingExplorer(logits, labels)
-    s_times = []
-    for t in [0.2, 0.5, 0.8, 1.1, 1.4, 1.7, 2.0]:
-        sampler.temperature.value = t
-        s_times.append(sampler.last_update_ms)
-    attention = AttentionExplorer(torch.rand(30, 9, 12, 12).tril(), [f"t{i}" for i in range(12)])
-    a_times = []
-    for layer in range(1, 8):
-        attention.layer.value = layer
-        a_times.append(attention.last_update_ms)
-    return {"sampling_explorer_ms": sorted(s_times)[len(s_times) // 2],
-            "attention_explorer_ms": sorted(a_times)[len(a_times) // 2]}
-
-
-def tokenizer_box_ms(tokenizer, chars: int = 200_000) -> float:
-    """Milliseconds for the tokenizer box to redraw after a pasted book of `chars` characters (both tokenizers,
-    the chips capped at html_views.MAX_CHIPS each), for the bench."""
-    box = tokenizer_box(tokenizer, "")
-    text = ("The bank is closed because they had no money left. Crème brûlée in 東京 🍮. " * (chars // 70 + 1))[:chars]
-    start = time.perf_counter()
-    box.children[0].value = text  # the same observer a key press triggers
-    return (time.perf_counter() - start) * 1000

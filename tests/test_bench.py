@@ -88,3 +88,10 @@ def test_paged_section_reports_its_keys(model, tokenizer):
     assert p["same_tokens"] is True and 0 < p["kv_bytes_paged"] < p["kv_bytes_contiguous"]
     assert 0.4 < p["prefix_hit_rate"] < 1 and p["ttft_prefix_s"] < p["ttft_no_prefix_s"]
     assert p["prefix_ttft_ratio"] == pytest.approx(p["ttft_no_prefix_s"] / p["ttft_prefix_s"])
+
+
+def test_the_bench_times_widget_views_without_importing_widgets():
+    from pathlib import Path
+    import re
+    source = (Path(__file__).resolve().parents[1] / "course_lib" / "bench.py").read_text()
+    assert not re.findall(r"^\s*(?:from|import)\s+\S*widgets", source, re.M)  # compute does not import the UI layer
