@@ -80,6 +80,13 @@ class Job:
     first_token: float = float("nan")
     end: float = float("nan")
 
+    def emit(self, token: int, stamp: float) -> str | None:
+        """Record one generated token (both schedulers record through here); returns a stop reason or None."""
+        self.tokens.append(token)
+        if len(self.tokens) == 1:
+            self.first_token = stamp
+        return self.stopper.update(token)
+
 
 class ContinuousBatch:
     """The running batch of a continuous-batching server: its jobs, their KV cache, mask and positions.
@@ -125,11 +132,8 @@ class ContinuousBatch:
             if job.cancelled:
                 job.finish_reason, job.end = "cancelled", stamp
                 continue
-            job.tokens.append(token)
             emitted.append((job, token))
-            if len(job.tokens) == 1:
-                job.first_token = stamp
-            reason = job.stopper.update(token)
+            reason = job.emit(token, stamp)
             if reason:
                 job.finish_reason, job.end = reason, stamp
             else:
@@ -291,11 +295,8 @@ class PagedBatch:
                 self._leave(job, "cancelled", stamp)
                 continue
             token = (job.pick or greedy)(self.logits[job.name])[0]
-            job.tokens.append(token)
             emitted.append((job, token))
-            if len(job.tokens) == 1:
-                job.first_token = stamp
-            reason = job.stopper.update(token)
+            reason = job.emit(token, stamp)
             if reason:
                 self._leave(job, reason, stamp)
             else:
