@@ -152,3 +152,16 @@ def sampling_view(logits, labels: dict[int, str], config, show: int = 12, histor
     readout = (f"<b>kept tokens:</b> {r.kept:,} of {logits.shape[-1]:,} · <b>effective choices</b> "
                f"(2<sup>entropy</sup>): {r.choices_before:.1f} → {r.choices_after:.1f}")
     return bars, readout, r.ids
+
+
+def footprint_table(rows: list[dict], chosen: int, bytes_per_token: float) -> str:
+    """paged.footprint rows (one per block size) as a table, the chosen block size highlighted."""
+    head = "".join(f"<th style='padding:2px 8px'>{h}</th>" for h in
+                   ("block size", "blocks", "MB held", "empty slots", "shared blocks", "table entries"))
+    body = ""
+    for r in rows:
+        style = "background:#fde8c8;font-weight:bold" if r["block_size"] == chosen else ""
+        cells = (r["block_size"], f"{r['blocks']:,}", f"{r['slots'] * bytes_per_token / 1e6:.1f}",
+                 f"{r['empty_slots']:,}", f"{r['shared_blocks']:,}", f"{r['table_entries']:,}")
+        body += f"<tr style='{style}'>" + "".join(f"<td style='padding:2px 8px;text-align:right'>{c}</td>" for c in cells) + "</tr>"
+    return f"<table style='border-collapse:collapse;font-size:13px'><tr>{head}</tr>{body}</table>"

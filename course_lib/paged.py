@@ -290,3 +290,23 @@ class PagedView:
         keys[self._write] = k.transpose(1, 2).reshape(B * T, KV, D)
         values[self._write] = v.transpose(1, 2).reshape(B * T, KV, D)
         return keys[self._read].transpose(1, 2), values[self._read].transpose(1, 2)  # (B, KV, S, D)
+
+
+def footprint(sequences: list[list[int]], block_size: int = BLOCK_SIZE) -> dict:
+    """What a pool holds for these token sequences, admitted in order and all still running, with prefix caching:
+    blocks in use, slots they hold, slots standing empty (each sequence's last, partial block), blocks shared,
+    and block-table entries. Runs the real block manager (a pool with one-number entries: no model needed).
+    Example: footprint([[1, 2, 3], [1, 2, 4]], 2) -> 3 blocks ([1, 2] shared by both), 6 slots, 2 of them empty"""
+    pool = PagedKVCache(1, 1, 1, sum(blocks_for(len(s), block_size) for s in sequences) or 1, block_size)
+    seqs = []
+    for tokens in sequences:
+        seq = Sequence(list(tokens))
+        pool.admit(seq)
+        pool.grow(seq, len(tokens))
+        pool.commit(seq, len(tokens) - seq.computed)
+        seqs.append(seq)
+    used = pool.manager.num_used
+    return {"block_size": block_size, "tokens": sum(len(s) for s in sequences), "blocks": used,
+            "slots": used * block_size, "empty_slots": sum(len(s.blocks) * block_size - len(s.tokens) for s in seqs),
+            "shared_blocks": sum(1 for r in pool.manager.ref if r > 1),
+            "table_entries": sum(len(s.blocks) for s in seqs)}

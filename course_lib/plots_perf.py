@@ -264,3 +264,20 @@ def plot_paged_runs(runs: dict, budget_blocks: int, names: list[str]):
         ax.set_title(f"'{policy}': {run.finished} of {len(names)} finished, {run.tokens_per_s:.1f} tok/s, "
                      f"{run.batch.recomputed_tokens} tokens recomputed")
     return fig
+
+
+def plot_block_sizes(rows: list[dict], bytes_per_token: float, ax=None,
+                     title: str = "Block size: memory held against table length"):
+    """paged.footprint rows: MB the blocks hold (left axis) and block-table entries (right axis) per block size."""
+    ax = axes_or_new(ax)
+    sizes = [r["block_size"] for r in rows]
+    ax.plot(sizes, [r["slots"] * bytes_per_token / 1e6 for r in rows], "o-", color=PALETTE[0], label="MB held")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per block")
+    ax.set_ylabel("MB held by the blocks", color=PALETTE[0])
+    twin = ax.twinx()
+    twin.plot(sizes, [r["table_entries"] for r in rows], "s--", color=PALETTE[1], label="table entries")
+    twin.set_yscale("log")
+    twin.set_ylabel("block-table entries (log)", color=PALETTE[1])
+    ax.set_title(title)
+    return ax

@@ -116,3 +116,18 @@ class AttentionExplorer:
 
     def widget(self) -> W.VBox:
         return W.VBox([W.HBox([self.layer, self.head]), self.view])
+
+
+def block_size_explorer(rows: list[dict], bytes_per_token: float) -> W.VBox:
+    """A block-size slider over paged.footprint rows computed once (one per block size): moving it only
+    re-highlights the table."""
+    slider = W.SelectionSlider(options=[r["block_size"] for r in rows], value=16 if any(r["block_size"] == 16 for r in rows)
+                               else rows[0]["block_size"], description="block size")
+    out = W.HTML()
+
+    def render(change=None):
+        out.value = html_views.footprint_table(rows, slider.value, bytes_per_token)
+
+    slider.observe(render, names="value")
+    render()
+    return W.VBox([slider, out])

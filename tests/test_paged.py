@@ -238,3 +238,10 @@ def test_a_cancelled_job_gives_its_blocks_back(small, tokenizer, stop):
 def test_bad_scheduler_arguments_are_refused(ours, kwargs, message):
     with pytest.raises(ValueError, match=message):
         batching.run_paged(ours, [batching.Job("a", [1, 2], 2)], PagedKVCache.for_model(ours, 4), **kwargs)
+
+
+def test_footprint_counts_blocks_slots_and_sharing():
+    r = paged.footprint([[1, 2, 3], [1, 2, 4]], 2)
+    assert (r["blocks"], r["slots"], r["empty_slots"], r["shared_blocks"], r["table_entries"]) == (3, 6, 2, 1, 4)
+    one = paged.footprint([[1, 2, 3], [1, 2, 4]], 1)  # blocks of one token: nothing empty, the common [1, 2] shared
+    assert (one["blocks"], one["empty_slots"], one["shared_blocks"]) == (4, 0, 2)

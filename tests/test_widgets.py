@@ -41,3 +41,15 @@ def test_attention_explorer_changes_view(tokenizer):
     assert explorer.view.value != first and "layer 3, head 0" in explorer.view.value
     explorer.head.value = 2
     assert "layer 3, head 2 (shares key/value head 0)" in explorer.view.value
+
+
+def test_block_size_explorer_highlights_the_chosen_row():
+    from course_lib import paged
+    from course_lib.widgets import block_size_explorer
+    rows = [paged.footprint([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], b) for b in (1, 2, 4)]
+    box = block_size_explorer(rows, bytes_per_token=100.0)
+    slider, view = box.children
+    assert slider.value == 1 and view.value.count("<tr") == 4
+    before = view.value
+    slider.value = 4
+    assert view.value != before and "font-weight:bold'><td style='padding:2px 8px;text-align:right'>4<" in view.value

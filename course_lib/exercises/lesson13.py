@@ -1,7 +1,7 @@
 """Checks for 13_paged_memory: blocks a conversation takes, blocks shared by prompts, a prefix hit's first token."""
 from __future__ import annotations
 
-from ..paged import PagedKVCache, Sequence, blocks_for
+from ..paged import blocks_for, footprint
 from . import safely, verdict
 
 
@@ -20,14 +20,8 @@ def check_blocks_needed(blocks_needed) -> bool:
 
 def pool_blocks(prompts: list[list[int]], block_size: int) -> int:
     """Blocks in use once every prompt is admitted and prefilled, one after another, none finished: what the
-    course's pool really does (no model needed: the blocks are named from the tokens alone)."""
-    pool = PagedKVCache(1, 1, 1, 64, block_size)
-    for tokens in prompts:
-        seq = Sequence(list(tokens))
-        pool.admit(seq)
-        pool.grow(seq, len(tokens))
-        pool.commit(seq, len(tokens) - seq.computed)
-    return pool.manager.num_used
+    course's pool really does (paged.footprint runs the real block manager; no model needed)."""
+    return footprint(prompts, block_size)["blocks"]
 
 
 def check_shared_blocks(shared_blocks) -> bool:

@@ -24,7 +24,8 @@ import time
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import paged, paged_runs, plots, plots_perf
+from IPython.display import display
+from course_lib import paged, paged_runs, plots, plots_perf, widgets
 from course_lib.batching import Job, PagedBatch
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
 from course_lib.generation import end_of_turn_ids
@@ -70,6 +71,29 @@ plt.show()
 #
 # The price is at most one partly filled block per sequence (fewer than 16 slots each) and an indirection:
 # attention must find each token's keys through the table.
+
+# %% [markdown]
+# **Try it: the block size.** The trace's final sequences (each prompt with its answer), all held at once,
+# for block sizes from 1 to 256 tokens: computed once with the real block manager (`paged.footprint`);
+# the slider only picks a row. The figure below is the same table for a page without widgets.
+
+# %%
+final = [j.prompt + j.tokens for j in roomy.jobs]
+rows = [paged.footprint(final, size) for size in (1, 2, 4, 8, 16, 32, 64, 128, 256)]
+per_token = model_kv_bytes_per_token(ours.config, ours.dtype)
+display(widgets.block_size_explorer(rows, per_token))
+plots_perf.plot_block_sizes(rows, per_token)
+plt.show()
+least = min(rows, key=lambda r: r["slots"])
+print(f"least memory at {least['block_size']} tokens per block; at 16: "
+      f"{next(r for r in rows if r['block_size'] == 16)['table_entries']:,} table entries against "
+      f"{rows[0]['table_entries']:,} at 1")
+
+# %% [markdown]
+# Small blocks leave almost no slot empty and share every common token, but the tables grow long: one
+# entry per block, and attention follows every entry. Large blocks keep tables short, but each
+# sequence's last block stands partly empty and only whole blocks are shared, so part of a common prefix
+# is stored once per sequence. Servers settle in between (vLLM's default is 16 tokens).
 
 # %% [markdown]
 # ## 2. A block table

@@ -174,6 +174,7 @@ for t in (0.0, 0.7, 1.0):
           f"{r.speculative.tokens_per_verify:.2f} tokens per verify step | {r.text[:70]!r}")
 
 # %% [markdown]
+# ---
 # ## Summary
 #
 # - Checking k drafted tokens costs one pass, far less than k steps but more than one: section 1's ratios
