@@ -220,4 +220,4 @@ def block_params(w32):
 ex.check_block(block_params)
 
 # %% [markdown]
-# **Next:** 14 · speculative decoding: the 4-bit model as a drafter for the float32 one, and the same answer.
+# **Next:** 13 · a server's memory: the KV cache in blocks, shared prefixes, and what a full pool does.

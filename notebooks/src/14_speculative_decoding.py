@@ -223,5 +223,4 @@ def tokens_per_verify(a, k):
 ex.check_tokens_per_verify(tokens_per_verify)
 
 # %% [markdown]
-# **Next:** 15 · structured output: masking the logits so the answer is valid JSON. (Lesson 13, a paged KV
-# cache with prefix caching, is planned; this lesson needed only lessons 11 and 12.)
+# **Next:** 15 · structured output: masking the logits so the answer is valid JSON.
