@@ -57,3 +57,22 @@ def test_the_server_answers_from_the_gpu(gpu):
         assert "Paris" in reply.choices[0].message.content
     finally:
         handle.stop()
+
+
+def test_the_paged_cache_on_the_gpu(gpu):
+    from course_lib.batching import Job, run_paged
+    from course_lib.context import chat_ids
+    from course_lib.generation import generate
+    from course_lib.model import Model
+    from course_lib.paged import PagedKVCache
+    model, tokenizer = gpu
+    ours = Model.from_transformers(model)
+    prompts = [chat_ids(tokenizer, q) for q in (QUESTION, "Name three colours.", "Why is the sky blue?")]
+    jobs = [Job(f"r{i}", p, 24, frozenset({2})) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(ours, 64)
+    assert pool.keys[0].device.type == "cuda"
+    run_paged(ours, jobs, pool)
+    for job, p in zip(jobs, prompts):  # bfloat16: a near-tie may flip between batched and alone; compare the start
+        alone = generate(ours, tokenizer, p, 24, stop_ids={2}).token_ids
+        assert job.tokens[:4] == alone[:4]
+    assert pool.manager.num_used == 0

@@ -244,8 +244,9 @@ server.stop()
 # - prefill in chunks mixed with decode steps, blocks swapped to CPU memory, copy-on-write for parallel
 #   samples, and one pool spread over many GPUs.
 #
-# The seed text says a full server "either rejects new requests or evicts older conversations". Section 4
-# measured a third way, the one vLLM uses by default: pause and recompute, losing no request.
+# Seed 002 gives a full server two options: turn new requests away, or drop older conversations.
+# Section 4 measured a third, the one vLLM uses by default: pause a request and recompute it later,
+# losing none.
 #
 # ## Summary
 #
