@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import kv_cache
-from .generation import Pick, Stopper, decode_step, end_of_turn_ids, prefill
+from .generation import Pick, Stopper, check_request, decode_step, end_of_turn_ids, prefill
 from .paged import OutOfBlocks, Sequence, blocks_for
 from .sampling import greedy
 
@@ -221,6 +221,12 @@ class PagedBatch:
         return time.perf_counter() - self.clock
 
     def add(self, newcomers: list[Job]) -> None:
+        """Queue jobs (checked first: a bad prompt is refused here, not deep inside a later step)."""
+        names = [j.name for j in newcomers]
+        for job in newcomers:
+            job.prompt = check_request(self.model, job.prompt, job.new_tokens)
+            if job.name in self.seqs or names.count(job.name) > 1:
+                raise ValueError(f"a job named {job.name!r} is already in this batch: names must be unique")
         for job in newcomers:
             if job.stopper is None:
                 job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))

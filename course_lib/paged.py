@@ -49,6 +49,8 @@ def prefix_hashes(tokens, block_size: int = BLOCK_SIZE) -> list[bytes]:
 
 def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:
     """Blocks that hold this many tokens. Example: 33 tokens, blocks of 16 -> 3"""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"a block holds a whole number of tokens >= 1, got {block_size!r}")
     return -(-tokens // block_size)
 
 

@@ -245,3 +245,23 @@ def test_footprint_counts_blocks_slots_and_sharing():
     assert (r["blocks"], r["slots"], r["empty_slots"], r["shared_blocks"], r["table_entries"]) == (3, 6, 2, 1, 4)
     one = paged.footprint([[1, 2, 3], [1, 2, 4]], 1)  # blocks of one token: nothing empty, the common [1, 2] shared
     assert (one["blocks"], one["empty_slots"], one["shared_blocks"]) == (4, 0, 2)
+
+
+@pytest.mark.parametrize("prompt, new, message", [([], 4, "empty"), ("hello", 4, "text"), ([1, 10**9], 4, "vocabulary"),
+                                                  ([1, 2], 0, "max_new_tokens")])
+def test_bad_jobs_are_refused_when_queued(small, prompt, new, message):
+    batch = batching.PagedBatch(small, PagedKVCache.for_model(small, 4))
+    with pytest.raises((ValueError, TypeError), match=message):
+        batch.add([batching.Job("bad", prompt, new)])
+    assert not batch.jobs
+
+
+def test_two_jobs_with_one_name_are_refused(small):
+    batch = batching.PagedBatch(small, PagedKVCache.for_model(small, 4))
+    with pytest.raises(ValueError, match="unique"):
+        batch.add([batching.Job("a", [1, 2], 2), batching.Job("a", [3, 4], 2)])
+
+
+def test_footprint_refuses_a_bad_block_size():
+    with pytest.raises(ValueError, match="whole number"):
+        paged.footprint([[1, 2]], 0)
