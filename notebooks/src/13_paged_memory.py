@@ -156,6 +156,9 @@ for h, m in zip(hit, miss):
 ratio = sorted(m["ttft_s"] for m in miss)[len(miss) // 2] / sorted(h["ttft_s"] for h in hit[1:])[len(hit[1:]) // 2]
 print(f"median first token {ratio:.1f}x sooner with a prefix hit | same first token both ways:",
       [h["token"] for h in hit] == [m["token"] for m in miss])
+reused = sum(h["reused_tokens"] for h in hit)
+print(f"prefix hit rate over the {len(hit)} questions: {reused / sum(h['prompt_tokens'] for h in hit):.2f} "
+      f"({reused // paged.BLOCK_SIZE} blocks found in the cache, none of them computed again)")
 
 # %%
 plots.plot_step_times([f"q{i + 1} {'hit' if h['reused_tokens'] else 'miss'}" for i, h in enumerate(hit)] +
