@@ -8,7 +8,7 @@ tokenization, context, forward (one pass) and anatomy (inside it), attention, sa
 (the one inference core), kv_cache, batching, serving with openai_api (the request dialect); Part II:
 model (SmolLM2 written out), formats (weight formats), paged (the paged KV cache: blocks, block tables,
 prefix caching; its scheduler is batching.PagedBatch), speculative (drafters, verify), structured
-(grammar masks). Measurements: bench, engine_speed, paged_runs. Pictures only: plots, plots_perf, html_views,
+(grammar masks). Measurements: bench (with bench_part2, its Part II sections), engine_speed, paged_runs. Pictures only: plots, plots_perf, html_views,
 widgets. Also doctor and exercises. Nothing heavy is imported until it is used.
 """
 import importlib

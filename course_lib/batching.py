@@ -253,13 +253,11 @@ class PagedBatch:
             if job.cancelled:
                 self._leave(job, "cancelled", stamp)
                 continue
-            if self.policy == "reject":
-                need = blocks_for(len(job.prompt) + job.new_tokens, self.pool.block_size)
-                if sum(self.reserved.values()) + need > manager.num_blocks:
-                    self.rejected += 1
-                    self._leave(job, REJECTED, stamp)
-                    continue
-                self.reserved[job.name] = need
+            need = blocks_for(len(job.prompt) + job.new_tokens, self.pool.block_size)
+            if self.policy == "reject" and sum(self.reserved.values()) + need > manager.num_blocks:
+                self.rejected += 1
+                self._leave(job, REJECTED, stamp)
+                continue
             cost = self.pool.admit_cost(seq, extra=1)
             if cost > manager.num_blocks:  # it could never fit, even alone
                 self.rejected += 1
@@ -268,6 +266,8 @@ class PagedBatch:
             if cost > manager.num_free:
                 break  # wait until running jobs give blocks back
             self.waiting.pop(0)
+            if self.policy == "reject":
+                self.reserved[job.name] = need  # note: only once admitted, so a waiting job never counts itself
             before = seq.was_computed
             hit = self.pool.admit(seq)
             self.pool.grow(seq, len(seq.tokens))

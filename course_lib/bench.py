@@ -5,6 +5,8 @@ machine's memory bandwidth (a large tensor copy) to compare with the bandwidth d
 reading the weights; and `run()` gathers the course's speed targets as ratios measured in one run
 (our loop against model.generate, cache against no cache, widget redraws), for
 `python -m course_lib bench`, which prints a table and writes JSON and PNG files.
+Part II's sections (lessons 11-15) live in bench_part2; this module runs every section, reports targets
+and saves the files.
 What it does not do: assert anything (targets are reported, not tested) or use a GPU it is not given.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .bench_part2 import engine_section, formats_section, paged_section, speculative_section, structured_section
 from .context import filler_ids, story_ids
 from .generation import decode_step, prefill
 from .kv_cache import run_with_cache, run_without_cache
@@ -80,133 +83,6 @@ def cache_ratios(model, prompt_ids: list[int], lengths: list[int]) -> list[dict]
     return rows
 
 
-def engine_section(model, tokenizer, quick: bool = False) -> dict:
-    """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
-    from .engine_speed import long_context, race
-    from .model import Model
-    ours = Model.from_transformers(model, dtype=torch.float32)
-    library = model if model.dtype == torch.float32 else model.float()
-    r = race(ours, library, tokenizer, story_ids(tokenizer), 8 if quick else 128, repeats=2 if quick else 3)
-    long = long_context(ours, library, tokenizer, filler_ids(tokenizer, 256 if quick else 4000), k=4 if quick else 16)
-    weights = ours.weight_bytes()
-    return {"new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
-            "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
-            "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
-            "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],
-            "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"]}
-
-
-def formats_section(model, tokenizer, quick: bool = False) -> dict:
-    """Lesson 12: every weight format of our model, batch 1: bytes per token, decode tokens per second (the
-    median gap between tokens, prefill excluded, as for model.generate beside it), and quality against
-    float32 on the bench's prompts (teacher-forced top-1 agreement and mean KL over the answers)."""
-    from .context import chat_ids
-    from .engine_speed import generate_exact, library_step_seconds, our_step_seconds
-    from .formats import FORMATS, agreement, convert, read_bandwidth
-    from .model import Model
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    reference = Model.from_transformers(model, dtype=torch.float32)
-    library = model if model.dtype == torch.float32 else model.float()
-    prompt, n = story_ids(tokenizer), 6 if quick else 48
-    questions = ["What is the capital of France?", "What is the capital gains tax in France?",
-                 "The bank is closed because they had no money left."]
-    prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in questions] + [prompt]
-    sequences = [p + generate_exact(reference, tokenizer, p, 8 if quick else 32) for p in prompts]
-    library_step_seconds(library, prompt, 3)  # warm-up
-    generate_tps = 1 / median(library_step_seconds(library, prompt, n + 1))
-    rows, greedy32 = [], generate_exact(reference, tokenizer, prompt, n)
-    for name in FORMATS:
-        fmt = reference if name == "float32" else convert(reference, name)
-        our_step_seconds(fmt, tokenizer, prompt, 3)  # warm-up
-        gaps = our_step_seconds(fmt, tokenizer, prompt, n + 1)
-        quality = {"top1_agreement": 1.0, "kl": 0.0} if name == "float32" else \
-            agreement(reference, fmt, sequences, [len(p) - 1 for p in prompts])
-        tps = 1 / median(gaps)
-        rows.append({"name": name, "weight_bytes": fmt.weight_bytes(), "tokens_per_s": tps,
-                     "top1_agreement": quality["top1_agreement"], "kl": quality["kl"],
-                     "bandwidth_bytes_per_s": fmt.weight_bytes() * tps,
-                     "same_greedy_tokens": generate_exact(fmt, tokenizer, prompt, n) == greedy32})
-    fastest = max(rows, key=lambda r: r["tokens_per_s"])
-    return {"formats": rows, "threads": torch.get_num_threads(), "new_tokens": n,
-            "generate_tokens_per_s": generate_tps, "read_bandwidth_bytes_per_s": read_bandwidth(256 if quick else 1024),
-            "fastest": {"name": fastest["name"], "tokens_per_s": fastest["tokens_per_s"],
-                        "ratio_to_generate": fastest["tokens_per_s"] / generate_tps,
-                        "top1_agreement": fastest["top1_agreement"]}}
-
-
-def speculative_section(model, tokenizer, quick: bool = False, k: int = 4) -> list[dict]:
-    """Lesson 14: each drafter on two tasks (a grounded edit, where the answer copies the prompt, and free
-    writing), float32, greedy, exactly n tokens: acceptance, tokens per verify step, tokens per second
-    against plain greedy decoding of the same model in the same run (best of two each), same tokens."""
-    from .context import edit_ids
-    from .engine_speed import generate_exact
-    from .formats import convert
-    from .generation import generate
-    from .model import Model
-    from .speculative import ModelDrafter, PromptLookup, early_exit
-    ours = Model.from_transformers(model, dtype=torch.float32)
-    int4 = convert(ours, "int4")
-    drafters = {"prompt_lookup": lambda: PromptLookup(3), "int4_model": lambda: ModelDrafter(int4, "int4 model"),
-                "early_exit_8": lambda: early_exit(ours, 8)}
-    n, rows = 8 if quick else 64, []
-    for task, prompt in {"grounded_edit": edit_ids(tokenizer), "story": story_ids(tokenizer)}.items():
-        generate_exact(ours, tokenizer, prompt, 2)  # warm-up
-        plain, base = None, float("inf")
-        for _ in range(2):
-            start = time.perf_counter()
-            plain = generate_exact(ours, tokenizer, prompt, n)
-            base = min(base, time.perf_counter() - start)
-        for name, make in drafters.items():
-            best, spec = float("inf"), None
-            for _ in range(2):
-                start = time.perf_counter()
-                spec = generate(ours, tokenizer, prompt, n, stop_ids=(), draft=make(), k=k)
-                best = min(best, time.perf_counter() - start)
-            st = spec.speculative
-            rows.append({"drafter": name, "task": task, "k": k, "acceptance_rate": st.acceptance_rate,
-                         "tokens_per_verify": st.tokens_per_verify, "tokens_per_s": n / best,
-                         "baseline_tokens_per_s": n / base, "speedup": base / best,
-                         "same_tokens": spec.token_ids == plain})
-    return rows
-
-
-def structured_section(model, tokenizer, quick: bool = False) -> dict:
-    """Lesson 15: the receipts of data/receipts.json asked free and with the JSON Schema mask: the share that
-    parse and validate; milliseconds per token of the engine's mask, of the hand-written mask, and of a
-    decode step (medians)."""
-    import jsonschema
-    from .context import chat_ids
-    from .generation import generate
-    from .structured import ChoiceMask, MaskLog, generate_json, masked_pick, RECEIPT_SCHEMA, receipt_request, receipts
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    items = receipts()[:2] if quick else receipts()
-    valid_free = valid_constrained = 0
-    mask_s, decode_s = [], []
-    for r in items:
-        messages = receipt_request(r["text"])
-        free = generate(model, tokenizer, chat_ids(tokenizer, messages[0]["content"]), 80)
-        decode_s += free.inter_token_seconds
-        inner = free.text[free.text.find("{"):free.text.rfind("}") + 1]  # generous: prose around the object is cut
-        try:
-            jsonschema.validate(json.loads(inner), RECEIPT_SCHEMA)
-            valid_free += 1
-        except (ValueError, jsonschema.ValidationError):
-            pass
-        constrained = generate_json(model, tokenizer, messages, RECEIPT_SCHEMA, 96)
-        mask_s += constrained.mask.seconds[1:]  # note: the first mask includes compiling the grammar's lexer
-        try:
-            jsonschema.validate(constrained.value, RECEIPT_SCHEMA)
-            valid_constrained += constrained.complete
-        except jsonschema.ValidationError:
-            pass
-    log = MaskLog()
-    generate(model, tokenizer, chat_ids(tokenizer, "Is Paris the capital of France? Answer yes or no."), 4,
-             pick=masked_pick(ChoiceMask(tokenizer, 2, ["yes", "no"]), log=log))
-    return {"requests": len(items), "valid_free": valid_free / len(items), "valid_constrained": valid_constrained / len(items),
-            "mask_ms_per_token": 1000 * median(mask_s), "hand_mask_ms_per_token": 1000 * median(log.seconds),
-            "decode_ms_per_token": 1000 * median(decode_s)}
-
-
 def _load_section(model, tokenizer, quick):
     from .loading import time_cached_load
     return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
@@ -240,11 +116,6 @@ def detokenize_ms_per_token(tokenizer, n: int, last: int = 100) -> float:
     for token in ids[-last:]:
         stopper.update(token)
     return 1000 * (time.perf_counter() - start) / last
-
-
-def _paged_section(model, tokenizer, quick):
-    from .paged_runs import bench_section
-    return bench_section(model, tokenizer, quick)
 
 
 def _widgets_section(model, tokenizer):
@@ -290,7 +161,7 @@ SECTIONS = {
     "engine": ("lesson 11: our model against the library", lambda m, t, q: {"engine": engine_section(m, t, q)}),
     "formats": ("lesson 12: weight formats, speed and quality", lambda m, t, q: {"formats": formats_section(m, t, q)}),
     "speculative": ("lesson 14: speculative decoding", lambda m, t, q: {"speculative": speculative_section(m, t, q)}),
-    "paged": ("lesson 13: paged KV cache, prefix caching, preemption", lambda m, t, q: {"paged": _paged_section(m, t, q)}),
+    "paged": ("lesson 13: paged KV cache, prefix caching, preemption", lambda m, t, q: {"paged": paged_section(m, t, q)}),
     "structured": ("lesson 15: structured output", lambda m, t, q: {"structured": structured_section(m, t, q)}),
 }
 

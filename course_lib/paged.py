@@ -181,12 +181,18 @@ class PagedKVCache:
         return self.hits / self.lookups if self.lookups else 0.0
 
     # ----- a sequence's life -----
-    def admit(self, seq: Sequence) -> int:
-        """Give a new (or recomputed) sequence the cached blocks of its longest cached prefix; returns how many
-        of its tokens are already computed. note: at most (len - 1) // block_size blocks, so the last token
-        is always run (its logits pick the next token) and lands in a block of its own."""
+    def reusable(self, seq: Sequence) -> tuple[list[bytes], list[int]]:
+        """(the names of the sequence's full blocks, the cached blocks it may reuse). note: at most
+        (len - 1) // block_size blocks, so the last token is always run (its logits pick the next token)
+        and lands in a block of its own."""
         names = prefix_hashes(seq.tokens, self.block_size)
         reuse = self.manager.match(names)[:(len(seq.tokens) - 1) // self.block_size] if self.prefix_caching else []
+        return names, reuse
+
+    def admit(self, seq: Sequence) -> int:
+        """Give a new (or recomputed) sequence the cached blocks of its longest cached prefix (`reusable`);
+        returns how many of its tokens are already computed."""
+        names, reuse = self.reusable(seq)
         for block in reuse:
             self.manager.acquire(block)
         seq.blocks, seq.names = list(reuse), names[:len(reuse)]
@@ -198,8 +204,7 @@ class PagedKVCache:
     def admit_cost(self, seq: Sequence, extra: int = 0) -> int:
         """Free blocks admitting this sequence would take (its cached prefix counted as free, as admit would),
         for `extra` more tokens than it has."""
-        names = prefix_hashes(seq.tokens, self.block_size)
-        reuse = self.manager.match(names)[:(len(seq.tokens) - 1) // self.block_size] if self.prefix_caching else []
+        _, reuse = self.reusable(seq)
         idle = sum(1 for b in reuse if self.manager.ref[b] == 0)  # cached but free: taking them uses free blocks
         return blocks_for(len(seq.tokens) + extra, self.block_size) - len(reuse) + idle
 

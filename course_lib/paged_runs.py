@@ -89,10 +89,10 @@ def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_cachi
     token: the prefill of what is not cached, plus one pick) and how many prompt tokens came from the cache."""
     pool, rows = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching), []
     for q in questions:
-        job = Job("q", handbook_ids(tokenizer, q), 1)
+        job, hits = Job("q", handbook_ids(tokenizer, q), 1), pool.hits
         batch = run_paged(model, [job], pool)
-        rows.append({"question": q, "prompt_tokens": len(job.prompt), "reused_tokens": pool.hits - sum(
-            r["reused_tokens"] for r in rows), "ttft_s": job.first_token - job.start, "token": job.tokens[0]})
+        rows.append({"question": q, "prompt_tokens": len(job.prompt), "reused_tokens": pool.hits - hits,
+                     "ttft_s": job.first_token - job.start, "token": job.tokens[0]})
         assert not batch.jobs
     pool.manager.check()
     return rows

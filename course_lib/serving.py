@@ -36,6 +36,7 @@ from .batching import ContinuousBatch, Job
 from .context import context_ids
 from .generation import FINISH_REASON, IncrementalDecoder, Stopper, end_of_turn_ids
 from .openai_api import ApiError, error_body, parse_chat_request
+from .paged import blocks_for
 from .sampling import SamplingConfig, make_sampler
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -122,10 +123,9 @@ def paged_engine(model, max_batch: int, kv_blocks: int | None = None):
     kv_blocks: the pool's size (default: one whole context window's worth)."""
     from .batching import PagedBatch
     from .model import Model
-    from .paged import PagedKVCache, blocks_for
+    from .paged import PagedKVCache
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
     blocks = kv_blocks if kv_blocks is not None else blocks_for(ours.config.max_position_embeddings + 1)
-    PagedKVCache.for_model(ours, 1)  # note: fails here, not in the engine thread, if the model cannot page
     return ours, lambda: PagedBatch(ours, PagedKVCache.for_model(ours, blocks), "preempt", max_batch)
 
 
@@ -216,7 +216,7 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             return _error(429, f"the server is busy ({max_concurrent} requests in flight); retry shortly",
                           "rate_limit_error", code="too_many_requests")
         pool = getattr(engine.batch, "pool", None)
-        if pool is not None and -(-(len(prompt) + 1) // pool.block_size) > pool.manager.num_blocks:
+        if pool is not None and blocks_for(len(prompt) + 1, pool.block_size) > pool.manager.num_blocks:
             return _error(400, f"the prompt has {len(prompt)} tokens but this server's KV memory holds "
                           f"{pool.manager.num_blocks * pool.block_size}; shorten the conversation",
                           param="messages", code="context_length_exceeded")

@@ -24,7 +24,7 @@ import torch
 from .generation import GenerationResult, Stopper, check_request, decode_step, end_of_turn_ids, prefill, run_model
 from .kv_cache import KVCache
 from .runtime import synchronize
-from .sampling import greedy
+from .sampling import Sampler, greedy
 
 
 class PromptLookup:
@@ -161,7 +161,6 @@ def speculative_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *,
     """Generation with a drafter: the same Steps and stop conditions as generation.generate_steps. pick: greedy
     (the same tokens as plain greedy decoding) or a sampling.Sampler (make_sampler; speculative sampling: the
     same distribution as plain sampling). The result's `speculative` attribute holds the counts."""
-    from .sampling import Sampler
     if pick is not greedy and not isinstance(pick, Sampler):
         raise ValueError("speculative decoding needs pick=greedy or a sampler from sampling.make_sampler (it must "
                          "read the sampler's distribution to accept or resample drafted tokens)")

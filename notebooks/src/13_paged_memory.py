@@ -85,9 +85,9 @@ display(widgets.block_size_explorer(rows, per_token))
 plots_perf.plot_block_sizes(rows, per_token)
 plt.show()
 least = min(rows, key=lambda r: r["slots"])
-print(f"least memory at {least['block_size']} tokens per block; at 16: "
-      f"{next(r for r in rows if r['block_size'] == 16)['table_entries']:,} table entries against "
-      f"{rows[0]['table_entries']:,} at 1")
+print(f"least memory with blocks of {least['block_size']} token(s); blocks of 16 need "
+      f"{next(r for r in rows if r['block_size'] == 16)['table_entries']:,} table entries, blocks of 1 "
+      f"{rows[0]['table_entries']:,}")
 
 # %% [markdown]
 # Small blocks leave almost no slot empty and share every common token, but the tables grow long: one
@@ -216,14 +216,15 @@ alone = paged_runs.alone_tokens(ours, tokenizer, check)
 print({j.name: j.tokens == alone[j.name] for j in check})
 
 # %% [markdown]
-# Lesson 10's server runs on this cache with one option: `kv_cache="paged"`. Its `/health` route then
+# Lesson 10's server runs on this cache with one option: `kv_cache="paged"`. Given our model it serves
+# from it as it is (given the library's, it builds ours on the same weights). Its `/health` route then
 # reports the pool: blocks in use and the prefix hit rate.
 
 # %%
 import httpx
 from course_lib.serving import free_port, start_server
 
-server = start_server(model, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
+server = start_server(ours, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
 for q in HANDBOOK_QUESTIONS[:2]:  # the messages a client sends: the handbook as the system prompt, then the question
     reply = httpx.post(server.url + "/v1/chat/completions", timeout=120,
                        json={"messages": handbook_messages(q), "temperature": 0}).json()
