@@ -285,6 +285,9 @@ def format_report(result: dict) -> str:
                      f"({e['ratio']:.2f}x), reading weights at {e['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; after "
                      f"{e['long_context_tokens']} tokens {e['long_context_ms_per_token']:.1f} vs "
                      f"{e['long_context_generate_ms_per_token']:.1f} ms/token ({e['long_context_ratio']:.2f}x)")
+        by_columns = [name for name, layout in e["layouts"].items() if layout == "columns"] or ["none"]
+        lines.append(f"engine layout: by columns {', '.join(by_columns)}; a step {e['built_step_ms']:.1f} ms as built, "
+                     f"{e['rows_step_ms']:.1f} ms all by rows ({e['layout_speedup']:.2f}x)")
     if "formats" in result:
         f = result["formats"]
         lines.append(f"formats (decode, median gap; model.generate {f['generate_tokens_per_s']:.1f} tok/s; "

@@ -19,18 +19,28 @@ from .context import filler_ids, story_ids
 
 def engine_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
-    from .engine_speed import long_context, race
+    from .engine_speed import long_context, our_step_seconds, race
     from .model import Model
     ours = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
     r = race(ours, library, tokenizer, story_ids(tokenizer), 8 if quick else 128, repeats=2 if quick else 3)
     long = long_context(ours, library, tokenizer, filler_ids(tokenizer, 256 if quick else 4000), k=4 if quick else 16)
     weights = ours.weight_bytes()
+    # what the layout choice is worth: ours against ours with every matrix by rows (the library's layout),
+    # both timed by the median gap between tokens
+    by_rows = Model.from_transformers(model, dtype=torch.float32, layout="rows")
+    gap = lambda m_: sorted(our_step_seconds(m_, tokenizer, story_ids(tokenizer), 17 if quick else 49))[8 if quick else 24]  # noqa: E731
+    rows_gap, built_gap = gap(by_rows), gap(ours)
+    del by_rows
+    layouts = {name: getattr(ours.layers[0], attr).layout for name, attr in
+               [("qkv", "qkv"), ("o", "o"), ("gate_up", "gate_up"), ("down", "down")]} | {"head": ours.lm_head.layout}
     return {"new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
             "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],
-            "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"]}
+            "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"],
+            "layouts": layouts, "rows_step_ms": rows_gap * 1000, "built_step_ms": built_gap * 1000,
+            "layout_speedup": rows_gap / built_gap}
 
 
 def formats_section(model, tokenizer, quick: bool = False) -> dict:

@@ -146,3 +146,17 @@ def decode_profile(model, prompt_ids: list[int], steps: int = 4) -> dict:
             calls += event.count
     return {"context": len(prompt_ids), "ms_by_group": dict(groups), "aten_calls_per_step": calls / steps,
             "wall_ms_per_step": 1000 * wall}
+
+
+def layout_gains(model) -> list[dict]:
+    """For each kind of matrix in a decode step (layer 0's four and the head): its shape, how many times
+    faster one token's product reads it stored by columns than by rows on this machine (layout.layout_gain,
+    caches emptied), and the layout the model holds it in."""
+    from .layout import layout_gain
+    layer = model.layers[0]
+    rows = []
+    for name, linear in [("q|k|v", layer.qkv), ("o", layer.o), ("gate|up", layer.gate_up), ("down", layer.down),
+                         ("head", model.lm_head)]:
+        rows.append({"matrix": name, "shape": tuple(linear.weight.shape), "gain": layout_gain(linear.weight),
+                     "layout": linear.layout})
+    return rows

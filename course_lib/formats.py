@@ -130,7 +130,8 @@ class Int4Linear:
 def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype):
     """One linear layer of the given kind from a float weight (N, K)."""
     if kind == "float":
-        return Linear(weight.to(dtype))
+        return Linear(weight.to(dtype))  # stored by rows or columns, whichever reads faster in this dtype
+    weight = weight.contiguous()  # note: the quantizers group along rows, (N, K) row-major
     if kind == "int8-cast":
         return CastInt8Linear(weight)
     if kind == "int8":

@@ -8,8 +8,9 @@ tied to the embedding. Each part is a function a lesson can call alone (`embed`,
 preallocated cache (`kv_cache.KVCache`) and meets the loop's contract: it is called like a
 transformers model (`input_ids`, `attention_mask`, `position_ids`, `cache`, `logits_to_keep`) and
 returns `.logits (B, T_keep, V)` and `.cache`, so `generation.prefill` / `decode_step` run it as they
-run the library's model. Every matrix product goes through one `Linear` object, so a weight format
-(lesson 12) is a different linear layer, not a second model.
+run the library's model. Every matrix product goes through one `Linear` object (its matrix stored by
+rows or by columns, whichever this machine reads faster: layout.py), so a weight format (lesson 12) is
+a different linear layer, not a second model.
 What it does not do: train, or load any architecture other than llama-style decoders.
 """
 from __future__ import annotations
@@ -22,17 +23,23 @@ import torch.nn.functional as F
 
 from .attention import apply_rotary, rotary_cos_sin
 from .kv_cache import KVCache, head_dim_of
+from .layout import arrange, layout_of
 
 
 class Linear:
-    """y = x @ W.T with W (out, in). The float path; lesson 12's formats replace it."""
+    """y = x @ W.T with W (out, in), stored the way this machine reads fastest (`layout`: auto, rows or
+    columns; see layout.fastest_layout). The float path; lesson 12's formats replace it."""
     format = "float"
 
-    def __init__(self, weight: torch.Tensor):
-        self.weight = weight  # (out, in)
+    def __init__(self, weight: torch.Tensor, layout: str = "auto"):
+        self.weight = arrange(weight, layout)  # (out, in), by rows or by columns
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight)  # note: by columns, this is the plain x @ M with M (in, out) row-major
+
+    @property
+    def layout(self) -> str:
+        return layout_of(self.weight)
 
     @property
     def nbytes(self) -> int:
@@ -133,7 +140,7 @@ class Model:
     """SmolLM2 written out. Call it like the library's model; `new_cache` makes its preallocated cache.
     Example: ours = Model.from_transformers(model); ours(input_ids=ids, cache=ours.new_cache(1, 64)).logits"""
 
-    def __init__(self, state: dict[str, torch.Tensor], config, generation_config=None):
+    def __init__(self, state: dict[str, torch.Tensor], config, generation_config=None, layout: str = "auto"):
         self.config, self.generation_config = config, generation_config
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.eps = head_dim_of(config), config.rms_norm_eps
@@ -141,27 +148,30 @@ class Model:
         self.embedding = state.get("model.embed_tokens.weight", state.get("lm_head.weight"))  # (V, hidden)
         tied = getattr(config, "tie_word_embeddings", True) or "lm_head.weight" not in state
         self.final_norm = state["model.norm.weight"]
-        self.lm_head = Linear(self.embedding if tied else state["lm_head.weight"])
+        self.lm_head = Linear(self.embedding if tied else state["lm_head.weight"], layout)
+        if tied:  # the lookup reads the head's own tensor, whichever layout it was given (one copy, not two)
+            self.embedding = self.lm_head.weight
         self.layers = []
         for i in range(config.num_hidden_layers):
             p = lambda name: state[f"model.layers.{i}.{name}.weight"]  # noqa: E731
             self.layers.append(Layer(
                 p("input_layernorm"),
-                Linear(torch.cat([p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj")])),
-                Linear(p("self_attn.o_proj")), p("post_attention_layernorm"),
-                Linear(torch.cat([p("mlp.gate_proj"), p("mlp.up_proj")])), Linear(p("mlp.down_proj"))))
+                Linear(torch.cat([p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj")]), layout),
+                Linear(p("self_attn.o_proj"), layout), p("post_attention_layernorm"),
+                Linear(torch.cat([p("mlp.gate_proj"), p("mlp.up_proj")]), layout), Linear(p("mlp.down_proj"), layout)))
         positions = torch.arange(config.max_position_embeddings, device=self.embedding.device)
         theta = config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None) else config.rope_theta
         self.cos, self.sin = rotary_cos_sin(positions, self.head_dim, theta)  # (window, D) each, float32
 
     # ----- construction -----
     @classmethod
-    def from_transformers(cls, hf_model, dtype: torch.dtype | None = None) -> "Model":
-        """Our model on the library model's own weights (its device; its dtype unless `dtype` is given)."""
+    def from_transformers(cls, hf_model, dtype: torch.dtype | None = None, layout: str = "auto") -> "Model":
+        """Our model on the library model's own weights (its device; its dtype unless `dtype` is given).
+        layout: how the matrices are stored ("auto": the faster of rows and columns here, layout.fastest_layout)."""
         state = {name: t.detach() for name, t in hf_model.state_dict().items()}
         if dtype is not None:
             state = {name: t.to(dtype) for name, t in state.items()}
-        return cls(state, hf_model.config, getattr(hf_model, "generation_config", None))
+        return cls(state, hf_model.config, getattr(hf_model, "generation_config", None), layout)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "Model":

@@ -150,6 +150,26 @@ def plot_race(names: list[str], tokens_per_s: list[float], ax=None, title: str =
     return ax
 
 
+def plot_layout_gains(rows: list[dict], threshold: float, ax=None,
+                      title: str = "The same matrix, read by columns instead of rows"):
+    """One bar per matrix (engine_speed.layout_gains): how many times faster one token's product is with the
+    matrix stored by columns; the dashed line is the gain the model asks for before it switches."""
+    ax = axes_or_new(ax, (6.5, 2.8))
+    labels = [f"{r['matrix']} {r['shape'][0]}x{r['shape'][1]}" for r in rows]
+    colors = [PALETTE[1] if r["layout"] == "columns" else PALETTE[0] for r in rows]
+    bars = ax.barh(labels, [r["gain"] for r in rows], color=colors)
+    for bar, r in zip(bars, rows):
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['gain']:.2f}x, kept by {r['layout']}",
+                va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.axvline(threshold, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_xlim(0, max(r["gain"] for r in rows) * 1.6)
+    ax.set_xlabel("speed by columns / speed by rows (one token, caches emptied)")
+    ax.invert_yaxis()
+    ax.set_title(title)
+    return ax
+
+
 def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "Where a decode step's time goes"):
     """Stacked bars of milliseconds per decode step by operator group, one bar per run (model and context)."""
     ax = axes_or_new(ax, (8, 0.6 * len(profiles) + 1.6))

@@ -31,6 +31,9 @@ def test_engine_section_reports_its_keys(model, tokenizer):
     assert engine["tokens_per_s"] > 0 and engine["long_context_ms_per_token"] > 0
     assert engine["ratio"] == pytest.approx(engine["tokens_per_s"] / engine["generate_tokens_per_s"], rel=1e-6)
     assert set(result) >= {"engine", "machine", "threads"} and "cache" not in result
+    assert set(engine["layouts"]) == {"qkv", "o", "gate_up", "down", "head"}
+    assert set(engine["layouts"].values()) <= {"rows", "columns"}
+    assert engine["layout_speedup"] == pytest.approx(engine["rows_step_ms"] / engine["built_step_ms"], rel=1e-6)
 
 
 def test_only_names_known_sections():

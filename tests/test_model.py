@@ -145,3 +145,50 @@ def test_one_place_calls_the_model():
         if n:
             calls[str(path.relative_to(root))] = n
     assert calls == {"generation.py": 2, "kv_cache.py": 1, "anatomy.py": 2, "attention.py": 1, "model.py": 1}, calls
+
+
+def test_a_matrix_is_the_same_matrix_by_rows_or_by_columns():
+    from course_lib.model import Linear
+    from course_lib.layout import arrange, layout_of
+    w = torch.randn(96, 40)
+    rows, columns = arrange(w, "rows"), arrange(w, "columns")
+    assert torch.equal(rows, w) and torch.equal(columns, w)  # same (out, in) values
+    assert layout_of(rows) == "rows" and layout_of(columns) == "columns"
+    assert columns.T.is_contiguous() and not columns.is_contiguous()
+    x = torch.randn(3, 40)
+    assert torch.allclose(Linear(w, "columns")(x), x @ w.T, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown layout 'diagonal'"):
+        arrange(w, "diagonal")
+
+
+def test_the_layout_follows_the_measured_gain(monkeypatch):
+    from course_lib import layout as m
+    monkeypatch.setattr(m, "_layout_seen", {})
+    gains = iter([2.0, 1.05])
+    monkeypatch.setattr(m, "layout_gain", lambda w: next(gains))
+    assert m.fastest_layout(torch.zeros(70, 30)) == "columns"  # twice as fast by columns: switch
+    assert m.fastest_layout(torch.zeros(70, 30)) == "columns"  # measured once per shape, then remembered
+    assert m.fastest_layout(torch.zeros(30, 70)) == "rows"  # 5% is within noise: keep the usual layout
+    assert m.fastest_layout(torch.zeros(4)) == "rows"  # not a matrix
+
+
+def test_layout_gain_measures_both_layouts_of_a_real_shape():
+    from course_lib.layout import layout_gain
+    gain = layout_gain(torch.randn(960, 576) * 0.02, megabytes=4)
+    assert 0.2 < gain < 10  # a ratio of two timings of the same product, not a constant
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+def test_each_layout_matches_the_library(model, tokenizer, layout):
+    arranged = Model.from_transformers(model, layout=layout)
+    assert {arranged.lm_head.layout, arranged.layers[0].qkv.layout, arranged.layers[0].down.layout} == {layout}
+    assert arranged.embedding.data_ptr() == arranged.lm_head.weight.data_ptr()  # tied: one tensor, not two
+    ids = chat_ids(tokenizer, EXAMPLES[1])
+    diff = (arranged(input_ids=torch.tensor([ids])).logits[0] - library_logits(model, ids)).abs().max()
+    assert diff < 1e-4
+    if layout == "rows":
+        assert diff == 0  # the library's layout and kernels: the very same numbers
+    with torch.inference_mode():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
+    assert generate(arranged, tokenizer, ids, 32).token_ids == theirs

@@ -9,14 +9,16 @@
 # - build the model piece by piece (embedding, RMSNorm, rotary positions, grouped-query attention,
 #   SwiGLU, the tied head) and measure how far each piece is from the library's (in float32: nowhere);
 # - run `prefill` and `decode_step` on a preallocated cache you can size, read and roll back;
-# - race the two implementations and read a profile that says where a decode step's time goes.
+# - race the two implementations, find out why the same bytes can be read faster, and read a profile
+#   that says where a decode step's time goes.
 
 # %% [markdown]
 # ## Set-up
 #
-# The library's model is loaded as in every lesson; ours is built from its tensors (no copy of the
-# embedding; q|k|v and gate|up are fused into one matrix each, so each layer does four matrix products).
-# The code lives in `course_lib/model.py` (about 250 lines): read it beside this notebook.
+# The library's model is loaded as in every lesson; ours is built from its tensors (q|k|v and gate|up are
+# fused into one matrix each, so each layer does four matrix products; section 8 explains the order
+# each matrix is stored in).
+# The code lives in `course_lib/model.py` (under 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
 
 # %%
 import matplotlib.pyplot as plt
@@ -24,10 +26,11 @@ import torch
 import course_lib
 from course_lib import plots_perf
 from course_lib import model as m
+from course_lib.layout import LAYOUT_GAIN
 from course_lib.context import story_ids, filler_ids
 from course_lib.context import context_ids
 from course_lib.generation import generate, prefill, decode_step
-from course_lib.engine_speed import race, long_context, decode_profile
+from course_lib.engine_speed import race, long_context, decode_profile, layout_gains, our_step_seconds
 
 model, tokenizer = course_lib.load_model()
 ours = m.Model.from_transformers(model)
@@ -165,10 +168,55 @@ plots_perf.plot_race(["model.generate", "ours"], [result["generate_tokens_per_s"
 plt.show()
 
 # %% [markdown]
-# At a short context the two are close: both spend a decode step reading every weight once (lesson 08),
-# and the weights are the same bytes. The difference shows as the cache grows. The library's cache grows
-# by concatenation (a new, longer tensor every step); ours was allocated once. Here is a decode step after
-# a 1,000-token prompt (the benchmark measures 4,000: `python -m course_lib bench --only engine`).
+# Both read the same 538 MB of weights per token, and at a short context that read is nearly the whole
+# decode step (lesson 08). So if ours is faster here, it is not because of fewer Python calls: the weights
+# are being read faster. The next section shows how the same bytes can be read faster.
+#
+# ## 8. The same bytes, read in another order
+#
+# One token's product `x @ W.T` (W of shape (out, in)) can read W in either of two orders. Stored **by
+# rows** (the usual layout, the library's), each output's weights lie together and the kernel computes one
+# dot product per row. Stored **by columns**, each input's weights lie together and the kernel adds up
+# columns scaled by x. The numbers are the same; only the order of the reads changes, and so does the
+# BLAS routine torch calls. When `Model` is built it times both orders for each shape, with the CPU's
+# caches emptied as they are in a decode step, and switches a matrix to columns only where that is at
+# least `LAYOUT_GAIN` times faster (a small gain could be noise). On a GPU it keeps rows.
+
+# %%
+gains = layout_gains(ours)
+for r in gains:
+    print(f"{r['matrix']:<8} {str(r['shape']):<14} by columns {r['gain']:.2f}x as fast -> kept by {r['layout']}")
+plots_perf.plot_layout_gains(gains, LAYOUT_GAIN)
+plt.show()
+
+# %% [markdown]
+# To see what the layout is worth, build our model again with every matrix by rows, as the library
+# stores them, and time the decode steps of both versions on the same story the same way (the median gap
+# between tokens).
+
+# %%
+by_rows = m.Model.from_transformers(model, layout="rows")
+median_rate = lambda model_: 1 / sorted(our_step_seconds(model_, tokenizer, story, 33))[16]  # noqa: E731
+rows_rate, built_rate = median_rate(by_rows), median_rate(ours)
+print(f"ours by rows {rows_rate:.1f} tok/s | ours as built {built_rate:.1f} tok/s | "
+      f"ratio {built_rate / rows_rate:.2f}")
+print("the same greedy tokens by rows:", generate(by_rows, tokenizer, story, 16, stop_ids=()).token_ids
+      == result["token_ids"][:16])
+del by_rows  # its fused matrices are a copy: about 280 MB
+
+# %% [markdown]
+# Read the numbers from your run. On the machine this lesson was written on (an AMD CPU, torch's MKL
+# build), q|k|v, gate|up and the head were 1.5 to 2 times faster by columns while the down projection was
+# slower, and the layout made decode about 1.3 times faster; by rows, ours was only a little ahead of
+# `model.generate` (fused matrices, fewer operators per step). Your CPU and BLAS may differ: if every
+# matrix stays by rows, both orders read equally fast there and the two versions tie. Engines do this on
+# purpose: llama.cpp and oneDNN repack weights at load time into the order their kernels stream best.
+# It sharpens lesson 08: bytes per token set the floor, and how the kernel walks those bytes decides
+# how close a step gets to it.
+#
+# The cache shows its design as the context grows. The library's cache grows by concatenation (a new,
+# longer tensor every step); ours was allocated once. Here is a decode step after a 1,000-token prompt
+# (the benchmark measures 4,000: `python -m course_lib bench --only engine`).
 
 # %%
 long = long_context(ours, model, tokenizer, filler_ids(tokenizer, 1000), k=8)
@@ -176,7 +224,7 @@ print(f"after {long['context']} tokens: ours {long['ms_per_token']:.1f} ms/token
       f"model.generate {long['generate_ms_per_token']:.1f} ms/token, ratio {long['ratio']:.2f}")
 
 # %% [markdown]
-# ## 8. Where the time goes
+# ## 9. Where the time goes
 #
 # `torch.profiler` records every operator a decode step runs. We group their own times: matrix products
 # (reading the weights), attention (reading the cache), norms, cache and copies, everything else.
@@ -193,19 +241,22 @@ plt.show()
 
 # %% [markdown]
 # Read the table from the run above: matrix products dominate at short context for both (that is the
-# weights' read); at long context attention and, for the library, the copies of a growing cache take
-# more. Ours launches fewer operators per step (fused projections, no per-step cache reallocation).
+# weights' read; ours is shorter where its matrices are stored by columns); at long context attention
+# and, for the library, the copies of a growing cache take more. Ours launches fewer operators per step
+# (fused projections, no per-step cache reallocation). What is left of our step is reading: the weights
+# once and the cache once.
 #
 # ## Summary
 #
-# - SmolLM2 is about 250 lines of plain torch: embedding, RMSNorm, rotary, grouped-query attention,
+# - SmolLM2 is under 300 lines of plain torch: embedding, RMSNorm, rotary, grouped-query attention,
 #   SwiGLU and a tied head. In float32 it equals the library's logits to within 1e-4 (here: to the last bit
 #   or close), and its greedy tokens are the same.
 # - Rotary makes attention scores depend on the distance between tokens, not on where they are.
 # - A preallocated cache is sized by lesson 07's formula, is written in place, and rolls back by one
 #   assignment (lesson 14 will need that).
-# - At short context a decode step is the weights' read for both implementations, so they run at about
-#   the same speed; a long context is where the cache's design shows.
+# - At short context a decode step is the weights' read. The same bytes stored in the order this machine's
+#   kernel streams best (by columns for some matrices here) read faster: that, not Python overhead, is
+#   what separates the two at short context. A long context is where the cache's design shows.
 #
 # ---
 # ## Exercises

@@ -118,6 +118,12 @@ for name in ["float32", "bfloat16", "int8", "int4"]:
     print(f"{name:<9} kernel reads {formats.kernel_bandwidth(name, shapes) / 1e9:5.1f} GB/s")
 
 # %% [markdown]
+# The kernel's rate matters as much as the bytes. Our float32 model keeps some matrices by columns, the
+# order its kernel streams fastest on this machine (lesson 11, section 8), while bfloat16's kernel showed
+# no such gain here and keeps them by rows. So in the runs made for this lesson, at one thread, float32
+# decoded about as fast as bfloat16 (sometimes faster) while reading twice the bytes. Half the bytes
+# pays only through a kernel that reads them at a comparable rate; the table above says whether yours does.
+#
 # ## 5. What the answer loses
 #
 # Speed is only half of it. We run every format on the same token sequences as float32 (teacher forcing:

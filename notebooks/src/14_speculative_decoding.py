@@ -48,9 +48,11 @@ for name, c in costs.items():
 
 # %% [markdown]
 # Read the ratios. The weights are read once per pass whatever k is, so a pass over several positions costs
-# far less than that many steps; but not nothing. bfloat16's ratio grows slowly with k; float32's jumps
-# already at one drafted token (its kernel takes a slower path for a handful of rows); the 4-bit kernel,
-# built for one row, grows fastest. That cost is what a drafter's accepted tokens must pay back.
+# far less than that many steps; but not nothing. bfloat16's ratio grows slowly with k. float32's jumps
+# already at one drafted token: its one-row step is quick because lesson 11 stored its biggest matrices by
+# columns, the order the one-row kernel streams fastest here, and a handful of rows takes a slower path.
+# The 4-bit kernel, built for one row, grows fast too. A format that is fast for one row leaves less for
+# speculation to win: that cost is what a drafter's accepted tokens must pay back.
 #
 # ## 2. One verify step, by hand
 #
@@ -178,7 +180,7 @@ for t in (0.0, 0.7, 1.0):
 # ## Summary
 #
 # - Checking k drafted tokens costs one pass, far less than k steps but more than one: section 1's ratios
-#   say how much for each format (the 4-bit kernel, built for one row, pays the most).
+#   say how much for each format (those quickest for one row, 4-bit and our by-columns float32, pay the most).
 # - Greedy speculative decoding gives exactly plain greedy's tokens: the model only keeps what it would
 #   have chosen itself, and the cache rolls back past the rest in one assignment.
 # - It pays when the drafter is cheap and often right: prompt lookup on text that copies its input; on free
