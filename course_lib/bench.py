@@ -287,7 +287,8 @@ def format_report(result: dict) -> str:
                      f"{e['long_context_generate_ms_per_token']:.1f} ms/token ({e['long_context_ratio']:.2f}x)")
         by_columns = [name for name, layout in e["layouts"].items() if layout == "columns"] or ["none"]
         lines.append(f"engine layout: by columns {', '.join(by_columns)}; a step {e['built_step_ms']:.1f} ms as built, "
-                     f"{e['rows_step_ms']:.1f} ms all by rows ({e['layout_speedup']:.2f}x)")
+                     f"{e['rows_step_ms']:.1f} ms all by rows ({e['layout_speedup']:.2f}x); several rows through oneDNN: "
+                     f"{', '.join(n for n, k in e['several_rows_kernels'].items() if k == 'onednn') or 'none'}")
     if "formats" in result:
         f = result["formats"]
         lines.append(f"formats (decode, median gap; model.generate {f['generate_tokens_per_s']:.1f} tok/s; "

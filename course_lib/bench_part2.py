@@ -32,14 +32,15 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     gap = lambda m_: sorted(our_step_seconds(m_, tokenizer, story_ids(tokenizer), 17 if quick else 49))[8 if quick else 24]  # noqa: E731
     rows_gap, built_gap = gap(by_rows), gap(ours)
     del by_rows
-    layouts = {name: getattr(ours.layers[0], attr).layout for name, attr in
-               [("qkv", "qkv"), ("o", "o"), ("gate_up", "gate_up"), ("down", "down")]} | {"head": ours.lm_head.layout}
+    linears = {name: getattr(ours.layers[0], name) for name in ("qkv", "o", "gate_up", "down")} | {"head": ours.lm_head}
+    layouts = {name: linear.layout for name, linear in linears.items()}
+    kernels = {name: linear.kernel for name, linear in linears.items()}  # for two or more rows at once
     return {"new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
             "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],
             "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"],
-            "layouts": layouts, "rows_step_ms": rows_gap * 1000, "built_step_ms": built_gap * 1000,
+            "layouts": layouts, "several_rows_kernels": kernels, "rows_step_ms": rows_gap * 1000, "built_step_ms": built_gap * 1000,
             "layout_speedup": rows_gap / built_gap}
 
 

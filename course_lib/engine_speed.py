@@ -151,12 +151,14 @@ def decode_profile(model, prompt_ids: list[int], steps: int = 4) -> dict:
 def layout_gains(model) -> list[dict]:
     """For each kind of matrix in a decode step (layer 0's four and the head): its shape, how many times
     faster one token's product reads it stored by columns than by rows on this machine (layout.layout_gain,
-    caches emptied), and the layout the model holds it in."""
-    from .layout import layout_gain
+    caches emptied), the layout the model holds it in, and for five rows at once how many times faster
+    oneDNN is than MKL on it as held (layout.several_rows_gain; None without oneDNN) and the kernel used."""
+    from .layout import layout_gain, onednn_available, several_rows_gain
     layer = model.layers[0]
     rows = []
     for name, linear in [("q|k|v", layer.qkv), ("o", layer.o), ("gate|up", layer.gate_up), ("down", layer.down),
                          ("head", model.lm_head)]:
+        several = several_rows_gain(linear.weight) if onednn_available() and linear.weight.device.type == "cpu" else None
         rows.append({"matrix": name, "shape": tuple(linear.weight.shape), "gain": layout_gain(linear.weight),
-                     "layout": linear.layout})
+                     "layout": linear.layout, "several_rows_gain": several, "kernel": linear.kernel})
     return rows

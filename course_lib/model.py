@@ -23,18 +23,23 @@ import torch.nn.functional as F
 
 from .attention import apply_rotary, rotary_cos_sin
 from .kv_cache import KVCache, head_dim_of
-from .layout import arrange, layout_of
+from .layout import SEVERAL_ROWS, arrange, layout_of, onednn_linear, several_rows_kernel
 
 
 class Linear:
     """y = x @ W.T with W (out, in), stored the way this machine reads fastest (`layout`: auto, rows or
-    columns; see layout.fastest_layout). The float path; lesson 12's formats replace it."""
+    columns; see layout.fastest_layout). Two to SEVERAL_ROWS rows at once may go to another kernel (`kernel`:
+    auto, mkl or onednn; see layout.several_rows_kernel). The float path; lesson 12's formats replace it."""
     format = "float"
 
-    def __init__(self, weight: torch.Tensor, layout: str = "auto"):
+    def __init__(self, weight: torch.Tensor, layout: str = "auto", kernel: str = "auto"):
         self.weight = arrange(weight, layout)  # (out, in), by rows or by columns
+        self.kernel = several_rows_kernel(self.weight, kernel)  # for 2..SEVERAL_ROWS rows; others: F.linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if 1 < rows <= SEVERAL_ROWS and self.kernel == "onednn":
+            return onednn_linear(x.reshape(rows, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.weight.shape[0])
         return F.linear(x, self.weight)  # note: by columns, this is the plain x @ M with M (in, out) row-major
 
     @property
@@ -140,7 +145,8 @@ class Model:
     """SmolLM2 written out. Call it like the library's model; `new_cache` makes its preallocated cache.
     Example: ours = Model.from_transformers(model); ours(input_ids=ids, cache=ours.new_cache(1, 64)).logits"""
 
-    def __init__(self, state: dict[str, torch.Tensor], config, generation_config=None, layout: str = "auto"):
+    def __init__(self, state: dict[str, torch.Tensor], config, generation_config=None, layout: str = "auto",
+                 kernel: str = "auto"):
         self.config, self.generation_config = config, generation_config
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.eps = head_dim_of(config), config.rms_norm_eps
@@ -148,7 +154,8 @@ class Model:
         self.embedding = state.get("model.embed_tokens.weight", state.get("lm_head.weight"))  # (V, hidden)
         tied = getattr(config, "tie_word_embeddings", True) or "lm_head.weight" not in state
         self.final_norm = state["model.norm.weight"]
-        self.lm_head = Linear(self.embedding if tied else state["lm_head.weight"], layout)
+        linear = lambda weight: Linear(weight, layout, kernel)  # noqa: E731
+        self.lm_head = linear(self.embedding if tied else state["lm_head.weight"])
         if tied:  # the lookup reads the head's own tensor, whichever layout it was given (one copy, not two)
             self.embedding = self.lm_head.weight
         self.layers = []
@@ -156,22 +163,24 @@ class Model:
             p = lambda name: state[f"model.layers.{i}.{name}.weight"]  # noqa: E731
             self.layers.append(Layer(
                 p("input_layernorm"),
-                Linear(torch.cat([p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj")]), layout),
-                Linear(p("self_attn.o_proj"), layout), p("post_attention_layernorm"),
-                Linear(torch.cat([p("mlp.gate_proj"), p("mlp.up_proj")]), layout), Linear(p("mlp.down_proj"), layout)))
+                linear(torch.cat([p("self_attn.q_proj"), p("self_attn.k_proj"), p("self_attn.v_proj")])),
+                linear(p("self_attn.o_proj")), p("post_attention_layernorm"),
+                linear(torch.cat([p("mlp.gate_proj"), p("mlp.up_proj")])), linear(p("mlp.down_proj"))))
         positions = torch.arange(config.max_position_embeddings, device=self.embedding.device)
         theta = config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None) else config.rope_theta
         self.cos, self.sin = rotary_cos_sin(positions, self.head_dim, theta)  # (window, D) each, float32
 
     # ----- construction -----
     @classmethod
-    def from_transformers(cls, hf_model, dtype: torch.dtype | None = None, layout: str = "auto") -> "Model":
+    def from_transformers(cls, hf_model, dtype: torch.dtype | None = None, layout: str = "auto",
+                          kernel: str = "auto") -> "Model":
         """Our model on the library model's own weights (its device; its dtype unless `dtype` is given).
-        layout: how the matrices are stored ("auto": the faster of rows and columns here, layout.fastest_layout)."""
+        layout: how the matrices are stored ("auto": the faster of rows and columns here, layout.fastest_layout);
+        kernel: what multiplies two or more rows ("auto", "mkl", "onednn": layout.several_rows_kernel)."""
         state = {name: t.detach() for name, t in hf_model.state_dict().items()}
         if dtype is not None:
             state = {name: t.to(dtype) for name, t in state.items()}
-        return cls(state, hf_model.config, getattr(hf_model, "generation_config", None), layout)
+        return cls(state, hf_model.config, getattr(hf_model, "generation_config", None), layout, kernel)
 
     @classmethod
     def from_folder(cls, folder: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "Model":

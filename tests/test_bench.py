@@ -33,6 +33,8 @@ def test_engine_section_reports_its_keys(model, tokenizer):
     assert set(result) >= {"engine", "machine", "threads"} and "cache" not in result
     assert set(engine["layouts"]) == {"qkv", "o", "gate_up", "down", "head"}
     assert set(engine["layouts"].values()) <= {"rows", "columns"}
+    assert set(engine["several_rows_kernels"]) == set(engine["layouts"])
+    assert set(engine["several_rows_kernels"].values()) <= {"mkl", "onednn"}
     assert engine["layout_speedup"] == pytest.approx(engine["rows_step_ms"] / engine["built_step_ms"], rel=1e-6)
 
 

@@ -180,15 +180,38 @@ def test_layout_gain_measures_both_layouts_of_a_real_shape():
 
 @pytest.mark.parametrize("layout", ["rows", "columns"])
 def test_each_layout_matches_the_library(model, tokenizer, layout):
-    arranged = Model.from_transformers(model, layout=layout)
+    arranged = Model.from_transformers(model, layout=layout, kernel="mkl")
     assert {arranged.lm_head.layout, arranged.layers[0].qkv.layout, arranged.layers[0].down.layout} == {layout}
     assert arranged.embedding.data_ptr() == arranged.lm_head.weight.data_ptr()  # tied: one tensor, not two
     ids = chat_ids(tokenizer, EXAMPLES[1])
     diff = (arranged(input_ids=torch.tensor([ids])).logits[0] - library_logits(model, ids)).abs().max()
     assert diff < 1e-4
     if layout == "rows":
-        assert diff == 0  # the library's layout and kernels: the very same numbers
+        assert diff == 0  # the library's layout and kernel: the very same numbers
     with torch.inference_mode():
         theirs = model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
                                 pad_token_id=tokenizer.pad_token_id)[0, len(ids):].tolist()
     assert generate(arranged, tokenizer, ids, 32).token_ids == theirs
+
+
+def test_several_rows_go_to_the_measured_kernel(monkeypatch):
+    from course_lib import layout as m
+    from course_lib.model import Linear
+    if not m.onednn_available():
+        pytest.skip("this torch build has no oneDNN linear kernel")
+    w = torch.randn(96, 40)
+    x = torch.randn(2, 3, 40)  # (B, T, in): six rows
+    fast, usual = Linear(w, "columns", kernel="onednn"), Linear(w, "columns", kernel="mkl")
+    assert fast.kernel == "onednn" and usual.kernel == "mkl"
+    assert fast(x).shape == (2, 3, 96) and torch.allclose(fast(x), usual(x), atol=1e-5)
+    assert torch.equal(fast(x[:1, :1]), usual(x[:1, :1]))  # one row: always the usual kernel
+    many = torch.randn(1, 40, 40)  # a prompt's worth of rows: the usual kernel too
+    assert torch.equal(fast(many), usual(many))
+    monkeypatch.setattr(m, "_kernel_seen", {})
+    gains = iter([2.0, 1.0])
+    monkeypatch.setattr(m, "several_rows_gain", lambda w: next(gains))
+    assert m.several_rows_kernel(torch.zeros(70, 30)) == "onednn"
+    assert m.several_rows_kernel(torch.zeros(30, 70)) == "mkl"
+    assert m.several_rows_kernel(torch.zeros(30, 70, dtype=torch.bfloat16)) == "mkl"  # float32 only
+    with pytest.raises(ValueError, match="unknown kernel 'blas'"):
+        Linear(w, kernel="blas")

@@ -185,11 +185,20 @@ plt.show()
 # %%
 gains = layout_gains(ours)
 for r in gains:
-    print(f"{r['matrix']:<8} {str(r['shape']):<14} by columns {r['gain']:.2f}x as fast -> kept by {r['layout']}")
+    several = "" if r["several_rows_gain"] is None else f" | 5 rows: oneDNN {r['several_rows_gain']:.2f}x MKL's speed"
+    print(f"{r['matrix']:<8} {str(r['shape']):<14} by columns {r['gain']:.2f}x as fast -> kept by {r['layout']}"
+          f"{several} -> {r['kernel']}")
 plots_perf.plot_layout_gains(gains, LAYOUT_GAIN)
 plt.show()
 
 # %% [markdown]
+# The last column is about several rows at once (a prompt, a batch, lesson 14's check of drafted tokens):
+# that is a different product, and on this machine MKL's kernel for a handful of rows is slow on matrices
+# stored by columns, while torch's other CPU library, oneDNN, reads them well. So `Linear` sends 2 to 16
+# rows to whichever of the two measured faster for that matrix (`layout.several_rows_kernel`); one row
+# always goes to MKL, the fastest here once the layout is right, and so do long prompts, where MKL's
+# large products are efficient.
+#
 # To see what the layout is worth, build our model again with every matrix by rows, as the library
 # stores them, and time the decode steps of both versions on the same story the same way (the median gap
 # between tokens).
