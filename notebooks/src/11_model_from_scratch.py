@@ -197,7 +197,8 @@ plt.show()
 # stored by columns, while torch's other CPU library, oneDNN, reads them well. So `Linear` sends 2 to 16
 # rows to whichever of the two measured faster for that matrix (`layout.several_rows_kernel`); one row
 # always goes to MKL, the fastest here once the layout is right, and so do long prompts, where MKL's
-# large products are efficient.
+# large products are efficient. (The choice was measured when the model was built; the table measures
+# again, so a figure near the threshold, 1.15, can disagree with the kernel shown.)
 #
 # To see what the layout is worth, build our model again with every matrix by rows, as the library
 # stores them, and time the decode steps of both versions on the same story the same way (the median gap
@@ -216,7 +217,7 @@ del by_rows  # its fused matrices are a copy: about 280 MB
 # %% [markdown]
 # Read the numbers from your run. On the machine this lesson was written on (an AMD CPU, torch's MKL
 # build), q|k|v, gate|up and the head were 1.5 to 2 times faster by columns while the down projection was
-# slower, and the layout made decode about 1.3 times faster; by rows, ours was only a little ahead of
+# slower, and the layout made decode 1.3 to 1.4 times faster; by rows, ours was only a little ahead of
 # `model.generate` (fused matrices, fewer operators per step). Your CPU and BLAS may differ: if every
 # matrix stays by rows, both orders read equally fast there and the two versions tie. Engines do this on
 # purpose: llama.cpp and oneDNN repack weights at load time into the order their kernels stream best.

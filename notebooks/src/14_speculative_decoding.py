@@ -50,9 +50,10 @@ for name, c in costs.items():
 # Read the ratios. The weights are read once per pass whatever k is, so a pass over several positions costs
 # far less than that many steps; but not nothing. bfloat16's ratio grows slowly with k. float32's jumps
 # already at one drafted token: its one-row step is quick because lesson 11 stored its biggest matrices by
-# columns, the order the one-row kernel streams fastest here, and a handful of rows takes a slower path.
-# The 4-bit kernel, built for one row, grows fast too. A format that is fast for one row leaves less for
-# speculation to win: that cost is what a drafter's accepted tokens must pay back.
+# columns for the one-row kernel, and a second row leaves that kernel (for 2 to 16 rows, lesson 11's
+# oneDNN choice); after the jump it grows slowly. The 4-bit kernel, built for one row, grows fastest. A
+# format that is fast for one row leaves less for speculation to win: that cost is what a drafter's
+# accepted tokens must pay back.
 #
 # ## 2. One verify step, by hand
 #
