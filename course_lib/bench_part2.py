@@ -21,15 +21,17 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
     from .engine_speed import long_context, our_step_seconds, race
     from .model import Model
+    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     ours = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
-    r = race(ours, library, tokenizer, story_ids(tokenizer), 8 if quick else 128, repeats=2 if quick else 3)
+    story = story_ids(tokenizer)
+    r = race(ours, library, tokenizer, story, 8 if quick else 128, repeats=2 if quick else 3)
     long = long_context(ours, library, tokenizer, filler_ids(tokenizer, 256 if quick else 4000), k=4 if quick else 16)
     weights = ours.weight_bytes()
     # what the layout choice is worth: ours against ours with every matrix by rows (the library's layout),
     # both timed by the median gap between tokens
     by_rows = Model.from_transformers(model, dtype=torch.float32, layout="rows")
-    gap = lambda m_: sorted(our_step_seconds(m_, tokenizer, story_ids(tokenizer), 17 if quick else 49))[8 if quick else 24]  # noqa: E731
+    gap = lambda m_: median(our_step_seconds(m_, tokenizer, story, 17 if quick else 49))  # noqa: E731
     rows_gap, built_gap = gap(by_rows), gap(ours)
     del by_rows
     linears = {name: getattr(ours.layers[0], name) for name in ("qkv", "o", "gate_up", "down")} | {"head": ours.lm_head}

@@ -34,14 +34,19 @@ def cold_seconds(fn, repeats: int = 5) -> float:
     return best
 
 
+def copies_of(weight: torch.Tensor, layout: str, megabytes: int = 16) -> list[torch.Tensor]:
+    """Enough copies of W stored in `layout` ("rows" or "columns") to make `megabytes`, at most 64: one small
+    matrix alone is too quick to time steadily."""
+    n = min(64, max(1, megabytes * 2**20 // (weight.numel() * weight.element_size())))
+    stored = weight.contiguous() if layout == "rows" else weight.T.contiguous().T
+    return [stored.clone() for _ in range(n)]  # note: clone keeps the layout (strides)
+
+
 @torch.inference_mode()
 def layout_gain(weight: torch.Tensor, megabytes: int = 16) -> float:
     """How many times faster one token's product x @ W.T reads W stored by columns than by rows, caches
-    emptied. Times a run over enough copies of W to make `megabytes` (one small matrix alone is too quick
-    to time steadily)."""
-    copies = min(64, max(1, megabytes * 2**20 // (weight.numel() * weight.element_size())))
-    rows = [weight.contiguous().clone() for _ in range(copies)]
-    columns = [w.T.contiguous().T for w in rows]
+    emptied, over copies_of(W)."""
+    rows, columns = copies_of(weight, "rows", megabytes), copies_of(weight, "columns", megabytes)
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)  # (1, in): one token
     return cold_seconds(lambda: [F.linear(x, w) for w in rows]) / cold_seconds(lambda: [F.linear(x, w) for w in columns])
 
@@ -96,8 +101,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def several_rows_gain(weight: torch.Tensor, rows: int = 5, megabytes: int = 16) -> float:
     """How many times faster oneDNN's kernel is than MKL's (F.linear) for `rows` tokens at once (a verify
     pass of four drafted tokens, a small batch), on W as stored, caches emptied."""
-    copies = min(64, max(1, megabytes * 2**20 // (weight.numel() * weight.element_size())))
-    ws = [weight.clone() if layout_of(weight) == "rows" else weight.T.clone().T for _ in range(copies)]
+    ws = copies_of(weight, layout_of(weight), megabytes)
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)  # (rows, in)
     return cold_seconds(lambda: [F.linear(x, w) for w in ws], 7) / cold_seconds(lambda: [onednn_linear(x, w) for w in ws], 7)
 
