@@ -197,8 +197,8 @@ plt.show()
 # stored by columns, while torch's other CPU library, oneDNN, reads them well. So `Linear` sends 2 to 16
 # rows to whichever of the two measured faster for that matrix (`layout.several_rows_kernel`); one row
 # always goes to MKL, the fastest here once the layout is right, and so do long prompts, where MKL's
-# large products are efficient. (The choice was measured when the model was built; the table measures
-# again, so a figure near the threshold, 1.15, can disagree with the kernel shown.)
+# large products are efficient. (The kernel was chosen when the model was built; the table measures
+# again, and on a busy machine the two measurements can disagree.)
 #
 # To see what the layout is worth, build our model again with every matrix by rows, as the library
 # stores them, and time the decode steps of both versions on the same story the same way (the median gap
