@@ -188,27 +188,50 @@ REJECTED = "rejected"  # a scheduler's verdict, not a stop: the request never ra
 PAGED_POLICIES = ("preempt", "reject")
 
 
-class PagedBatch:
-    """Continuous batching over a paged KV cache (lesson 13). Jobs wait in a queue and are admitted when
-    their blocks fit; each is prefilled alone (its cached prefix skipped), then all running jobs decode
-    together through their block tables. When a running job needs a block and none is free:
-    "preempt" (vLLM's way) frees the most recently admitted job's blocks and puts it back at the front of
-    the queue, to be recomputed later (prompt and tokens so far, minus what the prefix cache still holds);
-    "reject" instead admits a job only if blocks for its prompt plus all its new tokens can be reserved,
-    and turns it away otherwise. Same interface as ContinuousBatch (jobs, add, step), so the server runs it."""
+def check_budget(token_budget, max_batch: int) -> int | None:
+    """None (each prompt prefilled whole) or a whole number of tokens per step above max_batch (the running
+    rows take one token each; the rest goes to prompts). Example: (256, 8) -> 256; (8, 8) is refused"""
+    if token_budget is None:
+        return None
+    if not isinstance(token_budget, int) or isinstance(token_budget, bool) or token_budget <= max_batch:
+        raise ValueError(f"token_budget must be a whole number of tokens above max_batch ({max_batch}): each running "
+                         f"request decodes one token per step and prompts get the rest; got {token_budget!r}")
+    return token_budget
 
-    def __init__(self, model, pool, policy: str = "preempt", max_batch: int = 8, clock: float | None = None):
+
+class PagedBatch:
+    """Continuous batching over a paged KV cache (lesson 13). Jobs wait in a queue and are admitted when the blocks
+    for their prompt fit with `watermark` blocks to spare (headroom, so a newcomer is not admitted and then
+    preempted at once); a job that could never fit the pool, prompt plus allowance, is refused when it arrives.
+    Each step has a token budget: every running job decodes one token, and what is left of `token_budget` goes to
+    prompts, in chunks, oldest first (chunked prefill: a long prompt no longer stalls the others; None = each
+    prompt is prefilled whole in the step that admits it). The decode rows run as one batched call through their
+    block tables and each prompt chunk as one call of its own (production engines pack both into one call).
+    When a running job needs a block and none is free: "preempt" (vLLM's way) frees the most recently admitted
+    job's blocks and puts it back at the front of the queue, to be recomputed later (prompt and tokens so far,
+    minus what the prefix cache still holds); "reject" instead admits a job only if blocks for its prompt plus all
+    its new tokens can be reserved, and turns it away otherwise. Same interface as ContinuousBatch (jobs, add,
+    step), so the server runs it."""
+
+    def __init__(self, model, pool, policy: str = "preempt", max_batch: int = 8, clock: float | None = None,
+                 token_budget: int | None = None, watermark: int | None = None):
         if policy not in PAGED_POLICIES:
             raise ValueError(f"policy must be one of {PAGED_POLICIES}, got {policy!r}")
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise ValueError(f"max_batch must be a whole number >= 1, got {max_batch!r}")
         self.model, self.pool, self.policy, self.max_batch = model, pool, policy, max_batch
+        self.token_budget = check_budget(token_budget, max_batch)
+        blocks = pool.manager.num_blocks
+        self.watermark = max(1, blocks // 100) if watermark is None else watermark  # vLLM keeps 1% free
+        if not isinstance(self.watermark, int) or not 0 <= self.watermark < blocks:
+            raise ValueError(f"watermark must be a whole number of blocks in [0, {blocks}), got {watermark!r}")
         self.waiting: list[Job] = []  # first in, first out; a preempted job goes back to the front
         self.running: list[Job] = []  # in order of admission
         self.seqs, self.logits, self.reserved = {}, {}, {}  # by job name: Sequence, (V,) logits, blocks reserved
         self.clock = time.perf_counter() if clock is None else clock
         self.window = model.config.max_position_embeddings
         self.preempted = self.recomputed_tokens = self.rejected = 0
+        self.prefill_chunks = 0  # model calls that ran part (or all) of a prompt
         # note: bounded, so a server running for days does not grow them without end
         self.events = collections.deque(maxlen=100_000)  # (seconds, job name, what happened)
         self.memory = collections.deque(maxlen=100_000)  # per step: (seconds, blocks used, tokens a contiguous cache reserves)
@@ -220,14 +243,24 @@ class PagedBatch:
     def now(self) -> float:
         return time.perf_counter() - self.clock
 
+    def fits(self, tokens: int) -> bool:
+        """Could a request of this many tokens (prompt plus allowance) ever run in this pool, alone?"""
+        return blocks_for(tokens, self.pool.block_size) <= self.pool.manager.num_blocks
+
     def add(self, newcomers: list[Job]) -> None:
-        """Queue jobs (checked first: a bad prompt is refused here, not deep inside a later step)."""
+        """Queue jobs (checked first: a bad prompt is refused here, not deep inside a later step). A job whose prompt
+        plus allowance could never fit the pool is refused now (finish reason REJECTED), before any token."""
         names = [j.name for j in newcomers]
         for job in newcomers:
             job.prompt = check_request(self.model, job.prompt, job.new_tokens)
             if job.name in self.seqs or names.count(job.name) > 1:
                 raise ValueError(f"a job named {job.name!r} is already in this batch: names must be unique")
         for job in newcomers:
+            if not self.fits(len(job.prompt) + job.new_tokens):
+                self.rejected += 1
+                job.finish_reason, job.end = REJECTED, self.now()
+                self.events.append((job.end, job.name, REJECTED))
+                continue
             if job.stopper is None:
                 job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
             self.seqs[job.name] = Sequence(list(job.prompt))
@@ -246,6 +279,9 @@ class PagedBatch:
         self.reserved.pop(job.name, None)
 
     def _admit(self) -> None:
+        """Admit waiting jobs in order while their prompt's blocks fit with the watermark to spare (a job is admitted
+        into an empty batch whenever it fits at all, so nothing waits forever). No model call: prompts are run by
+        `_prefill`, within the step's budget."""
         manager = self.pool.manager
         while self.waiting and len(self.running) < self.max_batch:
             job, stamp = self.waiting[0], self.now()
@@ -259,25 +295,41 @@ class PagedBatch:
                 self._leave(job, REJECTED, stamp)
                 continue
             cost = self.pool.admit_cost(seq, extra=1)
-            if cost > manager.num_blocks:  # it could never fit, even alone
+            if cost > manager.num_blocks:  # it could never fit, even alone (a recomputed job that grew too long)
                 self.rejected += 1
                 self._leave(job, REJECTED, stamp)
                 continue
-            if cost > manager.num_free:
+            spare = self.watermark if self.running else 0
+            if cost > manager.num_free - spare:
                 break  # wait until running jobs give blocks back
             self.waiting.pop(0)
             if self.policy == "reject":
                 self.reserved[job.name] = need  # note: only once admitted, so a waiting job never counts itself
             before = seq.was_computed
             hit = self.pool.admit(seq)
-            self.pool.grow(seq, len(seq.tokens))
+            self.pool.grow(seq, len(seq.tokens))  # the whole prompt's blocks now: a prefill never stalls half-way
             self.recomputed_tokens += max(0, before - hit)
             if job.start != job.start:  # first admission (start is NaN until then)
                 job.start = stamp
             self.events.append((stamp, job.name, "admitted"))
-            logits, _ = prefill(self.model, seq.tokens[hit:], cache=self.pool.view([seq]))
-            self.logits[job.name] = logits[0]
             self.running.append(job)
+
+    def _prefill(self, budget: float) -> None:
+        """Run prompt tokens of admitted jobs, oldest first, at most `budget` in all (a chunk per job per step);
+        a job whose prompt is complete gets its logits, to pick its first token this very step."""
+        for job in self.running:
+            seq = self.seqs[job.name]
+            left = len(seq.tokens) - seq.computed
+            if left <= 0 or job.name in self.logits:
+                continue
+            if budget <= 0:
+                break
+            n = int(min(left, budget))
+            logits, _ = prefill(self.model, seq.tokens[seq.computed:seq.computed + n], cache=self.pool.view([seq]))
+            self.prefill_chunks += 1
+            budget -= n
+            if seq.computed == len(seq.tokens):
+                self.logits[job.name] = logits[0]
 
     def _preempt(self, job: Job, stamp: float) -> None:
         seq = self.seqs[job.name]
@@ -290,24 +342,30 @@ class PagedBatch:
         self.events.append((stamp, job.name, "preempted"))
 
     def step(self) -> list[tuple[Job, int]]:
-        """Admit what fits, pick one token for every running job, make room for the next (preempting if it
-        must), and run one batched decode step. Returns what was emitted."""
+        """One step: admit what fits, run prompt chunks within the budget, pick one token for every job that has
+        logits, make room for the next (preempting if it must), and run one batched decode step. Returns what
+        was emitted."""
         if not self.jobs:
             return []
         self._admit()
+        decoding = sum(1 for j in self.running if j.name in self.logits)
+        self._prefill(float("inf") if self.token_budget is None else self.token_budget - decoding)
         stamp, emitted = self.now(), []
         for job in list(self.running):
             if job.cancelled:
                 self._leave(job, "cancelled", stamp)
                 continue
-            token = (job.pick or greedy)(self.logits[job.name])[0]
+            if job.name not in self.logits:
+                continue  # its prompt is still being read
+            token = (job.pick or greedy)(self.logits.pop(job.name))[0]
             emitted.append((job, token))
             reason = job.emit(token, stamp)
             if reason:
                 self._leave(job, reason, stamp)
             else:
                 self.seqs[job.name].tokens.append(token)
-        for job in list(self.running):  # each needs a slot for the token it feeds next
+        ready = lambda: [j for j in self.running if self.seqs[j.name].computed == len(self.seqs[j.name].tokens) - 1]  # noqa: E731
+        for job in ready():  # each needs a slot for the token it feeds next
             seq = self.seqs[job.name]
             while job in self.running:
                 try:
@@ -317,24 +375,26 @@ class PagedBatch:
                     self._preempt(self.running[-1], stamp)  # the most recently admitted (maybe this very job)
         held = sum(len(j.prompt) + j.new_tokens for j in self.running)
         self.memory.append((stamp, self.pool.manager.num_used, held))
-        if self.running:
-            seqs = [self.seqs[j.name] for j in self.running]
+        rows = ready()
+        if rows:
+            seqs = [self.seqs[j.name] for j in rows]
             view = self.pool.view(seqs)
             tokens = [s.tokens[-1] for s in seqs]
             logits, _ = decode_step(self.model, tokens, view, attention_mask=view.attention_mask(1),
                                     positions=view.positions())
-            self.logits = {j.name: logits[i] for i, j in enumerate(self.running)}
+            self.logits.update({j.name: logits[i] for i, j in enumerate(rows)})
         return emitted
 
 
 def run_paged(model, jobs: list[Job], pool, policy: str = "preempt", max_batch: int = 8,
-              arrivals: list[int] | None = None) -> PagedBatch:
-    """Serve jobs through a PagedBatch; arrivals[i] = the step at which job i arrives (all at 0 if None).
+              arrivals: list[int] | None = None, token_budget: int | None = None) -> PagedBatch:
+    """Serve jobs through a PagedBatch; arrivals[i] = the step at which job i arrives (all at 0 if None);
+    token_budget: tokens per step (chunked prefill), None = each prompt whole.
     Returns the batch (its events, memory log and counters); the jobs hold their tokens and reasons."""
     arrivals = [0] * len(jobs) if arrivals is None else list(arrivals)
     if len(arrivals) != len(jobs):
         raise ValueError(f"{len(jobs)} jobs but {len(arrivals)} arrival steps")
-    batch, order, step = PagedBatch(model, pool, policy, max_batch), sorted(range(len(jobs)), key=arrivals.__getitem__), 0
+    batch, order, step = PagedBatch(model, pool, policy, max_batch, token_budget=token_budget), sorted(range(len(jobs)), key=arrivals.__getitem__), 0
     while order or batch.jobs:
         arrived = [jobs[i] for i in order if arrivals[i] <= step]
         order = [i for i in order if arrivals[i] > step]

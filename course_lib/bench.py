@@ -19,10 +19,12 @@ from pathlib import Path
 
 import torch
 
-from .bench_part2 import engine_section, formats_section, paged_section, speculative_section, structured_section
+from .bench_part2 import (engine_section, formats_section, paged_section, serving_load_section, speculative_section,
+                          structured_section)
 from .context import filler_ids, story_ids
 from .generation import decode_step, prefill
-from .kv_cache import run_with_cache, run_without_cache
+from .measure.speed import cached_run, uncached_run
+from .measure.timers import median
 from .runtime import describe_device, synchronize, time_it
 
 def weight_bytes(model) -> int:
@@ -68,15 +70,15 @@ def loop_vs_generate(model, tokenizer, prompt_ids: list[int], n_new: int, repeat
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"]}
 
 
-def cache_ratios(model, prompt_ids: list[int], lengths: list[int]) -> list[dict]:
+def cache_ratios(model, tokenizer, prompt_ids: list[int], lengths: list[int]) -> list[dict]:
     """Time without the KV cache divided by time with it, for several numbers of new tokens.
     After a warm-up, the cached run (seconds long) is timed twice and the best kept; the uncached run
     (up to a minute) once, which already averages over many steps."""
-    run_with_cache(model, prompt_ids, 4)  # warm-up
+    cached_run(model, tokenizer, prompt_ids, 4)  # warm-up
     rows = []
     for n in lengths:
-        with_cache = min((run_with_cache(model, prompt_ids, n) for _ in range(2)), key=lambda r: r.total)
-        without = run_without_cache(model, prompt_ids, n)
+        with_cache = min((cached_run(model, tokenizer, prompt_ids, n) for _ in range(2)), key=lambda r: r.total)
+        without = uncached_run(model, prompt_ids, n)
         rows.append({"new_tokens": n, "cached_s": with_cache.total, "uncached_s": without.total,
                      "ratio": without.total / with_cache.total, "same_tokens": with_cache.token_ids == without.token_ids,
                      "positions_cached": with_cache.positions_processed, "positions_uncached": without.positions_processed})
@@ -125,7 +127,6 @@ def _widgets_section(model, tokenizer):
     from .forward import forward_logits
     from .html_views import attention_table, sampling_view, tokenizer_comparison
     from .sampling import SamplingConfig
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     logits = forward_logits(model, story_ids(tokenizer))[0, -1].cpu()
     labels = {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()}
     sampling = []
@@ -151,7 +152,7 @@ SECTIONS = {
     "loop_vs_generate": ("generation.generate against model.generate", lambda m, t, q: {
         "loop_vs_generate": loop_vs_generate(m, t, story_ids(t), 8 if q else 128)}),
     "cache": ("with and without the KV cache", lambda m, t, q: {
-        "cache": cache_ratios(m, story_ids(t), [4, 8] if q else [32, 128, 256])}),
+        "cache": cache_ratios(m, t, story_ids(t), [4, 8] if q else [32, 128, 256])}),
     "prefill": ("prefill against prompt length", _prefill_section),
     "decode": ("decode against context length, and memory bandwidth", _decode_section),
     "widgets": ("widget redraws", lambda m, t, q: {"widgets": _widgets_section(m, t)}),
@@ -163,6 +164,8 @@ SECTIONS = {
     "speculative": ("lesson 14: speculative decoding", lambda m, t, q: {"speculative": speculative_section(m, t, q)}),
     "paged": ("lesson 13: paged KV cache, prefix caching, preemption", lambda m, t, q: {"paged": paged_section(m, t, q)}),
     "structured": ("lesson 15: structured output", lambda m, t, q: {"structured": structured_section(m, t, q)}),
+    "serving_load": ("lessons 10 and 13: the server under a mixed Poisson load",
+                     lambda m, t, q: {"serving_load": serving_load_section(m, t, q)}),
 }
 
 
@@ -252,6 +255,15 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                     p["kv_bytes_paged"] <= 0.5 * p["kv_bytes_contiguous"]))
         out.append((f"paged: a {p['prefix_tokens']}-token prefix hit cuts time to first token at least 3x",
                     f"{p['prefix_ttft_ratio']:.1f}x", p["prefix_ttft_ratio"] >= 3.0))
+    if "serving_load" in result:
+        s = result["serving_load"]
+        whole, chunked = s["itl_p99_s"]["paged"][-1], s["itl_p99_s"]["paged_chunked"][-1]
+        tps_whole, tps_chunked = s["tokens_per_s"]["paged"][-1], s["tokens_per_s"]["paged_chunked"][-1]
+        out.append(("serving: every request answered, each as alone (greedy)", str(s["same_answers"]), s["same_answers"]))
+        out.append((f"serving: chunked prefill cuts p99 time between tokens at least 3x ({s['rates'][-1]} req/s)",
+                    f"{whole:.2f} -> {chunked:.2f} s ({whole / chunked:.1f}x)", whole >= 3 * chunked))
+        out.append(("serving: chunked prefill loses at most 10% throughput",
+                    f"{tps_chunked:.1f} vs {tps_whole:.1f} tok/s", tps_chunked >= 0.9 * tps_whole))
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
@@ -307,6 +319,17 @@ def format_report(result: dict) -> str:
                      f"{p['ttft_prefix_s']:.3f} s with a prefix hit ({p['prefix_ttft_ratio']:.1f}x, hit rate "
                      f"{p['prefix_hit_rate']:.2f}); {p['budget_blocks']} blocks: preempt finished {p['finished_preempt']} "
                      f"({p['preempted']} preemptions, {p['recomputed_tokens']} tokens recomputed), reject {p['finished_reject']}")
+    if "serving_load" in result:
+        s = result["serving_load"]
+        for name in s["configs"]:
+            for i, rate in enumerate(s["rates"]):
+                lines.append(f"serving {name:<14} {rate:.2f} req/s: first token p50 {s['ttft_p50_s'][name][i]:.2f} "
+                             f"p99 {s['ttft_p99_s'][name][i]:.2f} s, between tokens p50 {s['itl_p50_s'][name][i]:.3f} "
+                             f"p99 {s['itl_p99_s'][name][i]:.3f} s, {s['tokens_per_s'][name][i]:.1f} tok/s, goodput "
+                             f"{s['goodput_rps'][name][i]:.3f} req/s, {s['finished'][name][i]} finished")
+        g = s["max_decode_gap_s"]
+        lines.append(f"serving: a running request's longest wait while a long prompt is read: {g['whole']:.2f} s whole, "
+                     f"{g['chunked']:.2f} s chunked")
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)

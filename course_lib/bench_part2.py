@@ -15,13 +15,13 @@ import time
 import torch
 
 from .context import filler_ids, story_ids
+from .measure.timers import median
 
 
 def engine_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
     from .engine_speed import long_context, our_step_seconds, race
     from .model import Model
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     ours = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
     story = story_ids(tokenizer)
@@ -54,7 +54,6 @@ def formats_section(model, tokenizer, quick: bool = False) -> dict:
     from .engine_speed import generate_exact, library_step_seconds, our_step_seconds
     from .formats import FORMATS, agreement, convert, read_bandwidth
     from .model import Model
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     reference = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
     prompt, n = story_ids(tokenizer), 6 if quick else 48
@@ -128,7 +127,6 @@ def structured_section(model, tokenizer, quick: bool = False) -> dict:
     from .context import chat_ids
     from .generation import generate
     from .structured import ChoiceMask, MaskLog, generate_json, masked_pick, RECEIPT_SCHEMA, receipt_request, receipts
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     items = receipts()[:2] if quick else receipts()
     valid_free = valid_constrained = 0
     mask_s, decode_s = [], []
@@ -161,3 +159,66 @@ def paged_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 13: the paged KV cache on the course's model (paged_runs.bench_section)."""
     from .paged_runs import bench_section
     return bench_section(model, tokenizer, quick)
+
+
+SERVING_CONFIGS = {  # name -> start_server options (the paged ones serve the course's model)
+    "contiguous": {"kv_cache": "contiguous"},
+    "paged": {"kv_cache": "paged", "prefix_caching": False},
+    "paged_chunked": {"kv_cache": "paged", "prefix_caching": True, "token_budget": 128},
+}
+TTFT_TARGET_S, GAP_TARGET_S = 10.0, 1.0  # goodput: first token within 10 s, no wait between tokens over 1 s (CPU)
+
+
+def serving_load_section(model, tokenizer, quick: bool = False) -> dict:
+    """Lessons 10 and 13 under load: the streaming server on loopback, driven by a mixed Poisson trace (measure.load)
+    at several rates, on three configurations in one run: the contiguous cache (continuous batching on the
+    library's model), the paged cache (the course's model, whole prefill, no prefix cache) and the paged cache
+    with chunked prefill (128 tokens per step) and prefix caching. Greedy, so every answer is checked against the
+    same request alone on the same runner. Then, in one process, the longest gap of a running request while a
+    long prompt is read, whole against chunked (max_decode_gap_s)."""
+    from .context import context_ids, handbook_ids, chat_ids
+    from .generation import generate
+    from .measure.load import decode_gaps, mixed_trace, replay, summarize
+    from .model import Model
+    from .serving import free_port, start_server
+    library = model if model.dtype == torch.float32 else model.float()
+    ours = Model.from_transformers(library, dtype=torch.float32)
+    rates = [1.0] if quick else [0.25, 0.5]
+    n, max_tokens = (2, 6) if quick else (14, 32)
+    traces = {rate: mixed_trace(rate, n, seed=i, max_tokens=max_tokens) for i, rate in enumerate(rates)}
+    alone: dict = {}
+
+    def alone_text(runner, messages):
+        key = (id(runner), json.dumps(messages))
+        if key not in alone:
+            ids = context_ids(tokenizer, messages)
+            alone[key] = generate(runner, tokenizer, ids, max_tokens).text
+        return alone[key]
+
+    out = {"rates": rates, "requests_per_rate": n, "max_tokens": max_tokens, "configs": list(SERVING_CONFIGS),
+           "ttft_target_s": TTFT_TARGET_S, "gap_target_s": GAP_TARGET_S}
+    figures = {k: {} for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "goodput_rps", "tokens_per_s",
+                               "finished", "max_gap_s")}
+    same = True
+    for name, options in SERVING_CONFIGS.items():
+        runner = library if options["kv_cache"] == "contiguous" else ours
+        handle = start_server(runner, tokenizer, free_port(), max_tokens_cap=max_tokens, max_concurrent=64, **options)
+        try:
+            for rate in rates:
+                outcomes, wall = replay(handle.url, traces[rate], timeout=600)
+                summary = summarize(outcomes, wall, TTFT_TARGET_S, GAP_TARGET_S)
+                for key in figures:
+                    figures[key].setdefault(name, []).append(summary[key])
+                same &= all(o.error is None and o.text == alone_text(runner, r.messages)
+                            for o, r in zip(outcomes, traces[rate]))
+        finally:
+            handle.stop()
+    out.update(figures)
+    out["same_answers"] = same
+    chat, long = chat_ids(tokenizer, "Write a short story about a robot who learns to paint."), handbook_ids(tokenizer, "Hi")
+    whole, chunked = (decode_gaps(ours, chat, long[:300] if quick else long, budget)
+                      for budget in (None, SERVING_CONFIGS["paged_chunked"]["token_budget"]))
+    out["max_decode_gap_s"] = {"whole": whole["max_gap_s"], "chunked": chunked["max_gap_s"]}
+    out["decode_gap_tokens_per_s"] = {"whole": whole["tokens_per_s"], "chunked": chunked["tokens_per_s"]}
+    out["decode_gap_same_tokens"] = whole["tokens"] == chunked["tokens"]
+    return out

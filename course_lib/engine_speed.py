@@ -17,6 +17,7 @@ import torch
 
 from .generation import decode_step, generate, prefill
 from .runtime import synchronize
+from .measure.timers import median
 
 
 def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -98,7 +99,6 @@ def long_context(ours, hf_model, tokenizer, prompt_ids: list[int], k: int = 16) 
     """Decode milliseconds per token after a long prompt: ours (generation.generate on our cache) against the
     library's own model.generate (its prefill, then its cache growing by concatenation). Both measured the
     same way: the gaps between consecutive tokens of one run (prefill excluded), median of k gaps."""
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 - robust to one slow step on a busy machine
     mine = median(our_step_seconds(ours, tokenizer, prompt_ids, k + 1)) * 1000
     theirs = median(library_step_seconds(hf_model, prompt_ids, k + 1)) * 1000
     return {"context": len(prompt_ids), "ms_per_token": mine, "generate_ms_per_token": theirs,

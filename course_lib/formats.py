@@ -22,6 +22,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from .forward import run_model
 from .model import Linear, Model
 
 # name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
@@ -197,7 +198,6 @@ def kernel_bandwidth(name: str, shapes: list[tuple[int, int]], copies: int = 8, 
 @torch.inference_mode()
 def log_probs(model, ids: list[int]) -> torch.Tensor:
     """Next-token log-probabilities at every position of one sequence, one pass, no cache. (T, V) float32."""
-    from .generation import run_model
     x = torch.tensor([ids], device=model.device)  # (1, T)
     logits, _ = run_model(model, x, None, keep=0)  # (1, T, V)
     return torch.log_softmax(logits[0], dim=-1)

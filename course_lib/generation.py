@@ -1,19 +1,21 @@
-"""The autoregressive loop, written out: prefill -> pick -> decode_step -> pick -> ... -> a stop condition.
+"""THE loop: prefill -> pick -> decode_step (or verify) -> pick -> ... -> a stop condition.
 
-What it does: `prefill` runs the prompt(s) once and fills a KV cache; `decode_step` feeds one new token
-per row and reuses the cache. Both take one row or many (left-padded, with an attention mask and
-position IDs), for the library's model or the course's own (`model.Model`): they meet one contract,
-the transformers call `model(input_ids=, attention_mask=, position_ids=, cache=, logits_to_keep=)`
-returning `.logits` and `.cache`. `run_model` is the ONE place inference calls a model. Other calls
-in course_lib: the deliberate no-cache run of lesson 07 (kv_cache.py) and the anatomy views that look
-inside one forward pass with hooks (anatomy.py twice, attention.py, model.library_parts): 5 in all
-besides this one; tests/test_model.py counts them.
-`generate` repeats pick-append until a stop condition fires and says which (`STOP_REASONS`, mapped to
-OpenAI's finish_reason by `FINISH_REASON`); `Stopper` decides that for the loop and for the batch
-schedulers alike. `stream` yields text as it is produced through an incremental decoder that never
-emits half a character, and keeps the GenerationResult for after the last piece.
-What it does not do: choose tokens other than by the `pick` you pass (greedy by default; sampling.py
-has the samplers) or schedule many requests (batching.py).
+What it does: `prefill` runs the prompt(s) once and fills a KV cache (or, given a cache that holds the start
+of the prompt, the next chunk of it: chunked prefill); `decode_step` feeds one new token per row and reuses
+the cache; `verify` feeds the last token plus drafted tokens in one pass and rolls the cache back past the
+ones the picker rejects. All three call forward.run_model, the one call into a model, and take one row or
+many (left-padded, with an attention mask and position IDs), for any runner (forward.Runner) and any cache
+(kv_cache.Cache). `generate_steps` is the one loop for one request: plain decoding, or, given a drafter
+(speculative.py), speculative decoding as a branch of the same step, as gpt-fast does. `generate` and
+`stream` drive it; the batch schedulers (batching.py) run the same stages on many rows, and the server
+drives them. The drafters draft through `decode_n`, a stage of this module, not a loop of their own.
+`Stopper` decides, for the loop and the schedulers alike, when a request is done and why (`STOP_REASONS`,
+mapped to OpenAI's finish_reason by `FINISH_REASON`). `stream` yields text as it is produced through an
+incremental decoder that never emits half a character, and keeps the GenerationResult for after the last
+piece.
+What it does not do: choose tokens other than by the `pick` you pass (greedy by default; sampling.py has
+the samplers and the acceptance rule for drafted tokens), schedule many requests (batching.py), or time
+anything but the moment each token is chosen (measure/ holds the timing experiments).
 """
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ from typing import Callable, Iterator
 
 import torch
 
-from .forward import as_batch
-from .kv_cache import new_cache
+from .forward import as_batch, run_model
+from .kv_cache import length_of, new_cache, rollback
 from .runtime import synchronize
-from .sampling import greedy
+from .sampling import Sampler, accept_draft, greedy
 
 Pick = Callable[[torch.Tensor], "tuple[int, float]"]  # (V,) logits -> (token ID, its probability)
 
@@ -35,6 +37,10 @@ Pick = Callable[[torch.Tensor], "tuple[int, float]"]  # (V,) logits -> (token ID
 STOP_REASONS = ("end_of_turn", "stop_string", "max_new_tokens", "context_window", "cancelled")
 FINISH_REASON = {"end_of_turn": "stop", "stop_string": "stop", "max_new_tokens": "length",
                  "context_window": "length", "cancelled": "stop"}
+# note: not stops. A scheduler's verdicts on a request that could not be served; a server reports them as
+# errors (never as finish_reason "stop"), and FINISH_REASON has no entry for them on purpose.
+FAILURES = ("rejected", "error")
+CAPACITY_MARGIN = 64  # extra tokens a fresh cache makes room for when the caller does not say how many
 
 
 @dataclass
@@ -92,26 +98,15 @@ def end_of_turn_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-@torch.inference_mode()
-def run_model(model, ids: torch.Tensor, cache, attention_mask=None, position_ids=None, keep: int = 1):
-    """THE call into a model for inference. ids (B, T) on the model's device; cache None = no cache (one
-    plain forward pass). keep: how many last positions get logits (0 = all). Returns (logits (B, keep, V) in
-    float32 on the model's device, the cache)."""
-    device = ids.device
-    mask = attention_mask.to(device) if attention_mask is not None else None
-    positions = position_ids.to(device) if position_ids is not None else None
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=cache is not None,
-                logits_to_keep=keep)
-    return out.logits[:, out.logits.shape[1] - (keep or out.logits.shape[1]):, :].float(), cache  # (B, keep, V)
-
-
 def prefill(model, input_ids, cache=None, *, attention_mask=None, position_ids=None, capacity: int | None = None):
     """Run the prompt(s) in one pass. One row: prefill(model, ids). Many rows: left-padded (B, T) with
     attention_mask and position_ids (batching.left_pad makes them). capacity: tokens the new cache should
-    hold (our model preallocates; transformers' grows). Returns (last-position logits (B, V), the cache)."""
+    hold (our model preallocates; transformers' grows). Given a cache that already holds the first tokens of
+    a row, it runs the next ones after them: chunked prefill is prefill called once per chunk (the logits
+    equal one whole prefill's, up to float rounding). Returns (last-position logits (B, V), the cache)."""
     ids = as_batch(input_ids).to(model.device)  # (B, T)
     if cache is None:
-        cache = new_cache(model, ids.shape[0], capacity or ids.shape[1] + 64)
+        cache = new_cache(model, ids.shape[0], capacity or ids.shape[1] + CAPACITY_MARGIN)
     logits, cache = run_model(model, ids, cache, attention_mask, position_ids)
     return logits[:, -1], cache  # (B, V)
 
@@ -123,6 +118,69 @@ def decode_step(model, token_ids, cache, *, attention_mask=None, positions=None)
     position_ids = positions.reshape(-1, 1) if positions is not None else None  # (B, 1)
     logits, cache = run_model(model, ids, cache, attention_mask, position_ids)
     return logits[:, -1], cache  # (B, V)
+
+
+def decode_n(model, logits: torch.Tensor, cache, n: int, pick: Pick = greedy) -> tuple[list[int], list[float], object]:
+    """n tokens in a row for one sequence: pick from (V,) logits, feed the token with decode_step, pick again...
+    The last token is picked but not fed (nobody has asked for its logits yet). What a model drafter runs.
+    Returns (tokens, their probabilities, the cache). Example: n=3 -> 3 tokens, 2 decode steps"""
+    tokens, probs = [], []
+    for i in range(n):
+        token, prob = pick(logits)
+        tokens.append(token)
+        probs.append(prob)
+        if i + 1 < n:
+            logits, cache = decode_step(model, [token], cache)
+            logits = logits[0]
+    return tokens, probs, cache
+
+
+@dataclass
+class Verified:
+    accepted: list[int]  # the drafted tokens the model agrees with
+    bonus: int  # the model's own next token after them
+    bonus_prob: float
+
+
+def verify(model, cache, last: int, draft: list[int], pick: Pick = greedy) -> Verified:
+    """One pass over [last] + draft on a cache that holds everything before `last`; the picker's rule
+    (sampling.accept_draft: greedy's own choices, or speculative sampling with a Sampler) accepts a prefix of
+    the draft; the cache is rolled back so it holds everything up to the last accepted token (the model's own
+    next token is fed at the next step). Works on either runner's cache (kv_cache.rollback)."""
+    start = length_of(cache)
+    ids = torch.tensor([[last] + list(draft)], device=model.device)  # (1, k + 1)
+    logits, cache = run_model(model, ids, cache, keep=len(draft) + 1)  # (1, k + 1, V)
+    accepted, bonus, prob = accept_draft(logits[0], list(draft), pick)
+    rollback(cache, start + 1 + len(accepted))  # keep `last` and the accepted draft
+    return Verified(accepted, bonus, prob)
+
+
+@dataclass
+class SpecStats:
+    """What speculative decoding did for one request (GenerationResult.speculative)."""
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at: list[int] = field(default_factory=list)  # indexes (in the answer) of tokens that were drafted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_verify(self) -> float:
+        return (self.accepted + self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+
+def check_draft(draft, k, pick) -> None:
+    """A drafter, a positive k and a picker that can judge drafted tokens, or a clear error."""
+    if pick is not greedy and not isinstance(pick, Sampler):
+        raise ValueError("speculative decoding needs pick=greedy or a sampler from sampling.make_sampler (it must "
+                         "read the sampler's distribution to accept or resample drafted tokens)")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k (tokens drafted per verify step) must be a positive integer, got {k!r}")
+    if not hasattr(draft, "propose"):
+        raise TypeError("draft must be a drafter: an object with a propose(context, k) method")
 
 
 def check_request(model, prompt_ids, max_new_tokens: int) -> list[int]:
@@ -246,33 +304,49 @@ class Stopper:
 
 def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
                    stop_strings: Sequence[str] = (), stop_ids=None, draft=None, k: int = 4) -> Iterator[Step]:
-    """The loop as a generator: prefill once, then yield each chosen token as a Step, then
-    decode_step it, until a stop condition fires. The GenerationResult is the generator's return value
-    (generate() and stream() collect it for you). stop_ids: None = the model's end-of-turn tokens;
-    () = none, so exactly max_new_tokens are made (what model.generate's min_new_tokens does).
-    draft: a drafter (speculative.py): k tokens are proposed and checked in one pass; pick greedy or a
-    sampler from sampling.make_sampler (speculative sampling keeps the sampler's distribution)."""
-    if draft is not None:
-        from .speculative import speculative_steps
-        return (yield from speculative_steps(model, tokenizer, prompt_ids, max_new_tokens, draft=draft, k=k,
-                                             stop_strings=stop_strings, stop_ids=stop_ids, pick=pick))
+    """The loop as a generator: prefill once, then yield each chosen token as a Step and run the next step,
+    until a stop condition fires. The GenerationResult is the generator's return value (generate() and
+    stream() collect it for you). stop_ids: None = the model's end-of-turn tokens; () = none, so exactly
+    max_new_tokens are made (what model.generate's min_new_tokens does).
+    draft: a drafter (speculative.py). Then each step is a verify: k tokens are proposed and checked in one
+    pass (pick greedy, or a sampler from sampling.make_sampler: speculative sampling keeps its distribution);
+    the result's `speculative` attribute holds the counts (SpecStats)."""
     ids = check_request(model, prompt_ids, max_new_tokens)
+    if draft is not None:
+        check_draft(draft, k, pick)
     window = model.config.max_position_embeddings
     stop_ids = end_of_turn_ids(model, tokenizer) if stop_ids is None else stop_ids
     stopper = Stopper(tokenizer, stop_ids, max_new_tokens, window - len(ids), stop_strings)
+    result = GenerationResult(ids, [], "", "max_new_tokens")
+    stats = result.speculative = SpecStats() if draft is not None else None
     device = model.device
     synchronize(device)
     start = time.perf_counter()
-    logits, cache = prefill(model, ids, capacity=min(window, len(ids) + max_new_tokens))
-    result = GenerationResult(ids, [], "", "max_new_tokens")
+    room = len(ids) + max_new_tokens + (k + 1 if draft is not None else 0)  # a verify writes k + 1 before rolling back
+    logits, cache = prefill(model, ids, capacity=min(window, room))
+    token, prob = pick(logits[0])
+    pending = [(token, prob, False)]  # tokens to emit: (id, probability, was it drafted)
     while True:
-        token, prob = pick(logits[0])
-        synchronize(device)
-        yield result.record(token, prob, tokenizer, time.perf_counter() - start)
-        reason = stopper.update(token)
-        if reason:
-            return result.finish(reason, tokenizer)
-        logits, cache = decode_step(model, [token], cache)  # note: only for a token we will use
+        for token, prob, drafted in pending:
+            synchronize(device)
+            if drafted:
+                stats.accepted_at.append(len(result.token_ids))
+            yield result.record(token, prob, tokenizer, time.perf_counter() - start)
+            reason = stopper.update(token)
+            if reason:
+                return result.finish(reason, tokenizer)
+        if draft is None:  # plain decoding: one position (note: only for a token we will use)
+            logits, cache = decode_step(model, [token], cache)
+            token, prob = pick(logits[0])
+            pending = [(token, prob, False)]
+            continue
+        context = ids + result.token_ids  # speculative decoding: the same step, with drafted tokens verified
+        room = min(k, window - len(context) - 1, max_new_tokens - len(result.token_ids))
+        proposal = draft.propose(context, room)[:room] if room > 0 else []
+        v = verify(model, cache, token, proposal, pick)
+        stats.verify_steps, stats.drafted, stats.accepted = (stats.verify_steps + 1, stats.drafted + len(proposal),
+                                                             stats.accepted + len(v.accepted))
+        pending = [(t, 1.0, True) for t in v.accepted] + [(v.bonus, v.bonus_prob, False)]
 
 
 def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,

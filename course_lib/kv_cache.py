@@ -1,29 +1,45 @@
-"""The KV cache: the cache objects, what they save in time, what they cost in memory, and what a
-server does when memory runs out.
+"""The KV cache: the cache contract, the cache objects, what they cost in memory, and what a server does
+when memory runs out.
 
-What it does: holds the course's own cache (`KVCache`: preallocated per layer, written in place,
-rolled back by one assignment) and the operations a scheduler needs on any cache, ours or
-transformers' `DynamicCache` (`new_cache`, `select_rows`, `join`, `trim`); generates greedily with
-the cache (generation.prefill + decode_step) and without it (the whole sequence re-run every step),
-timing every new token; counts the token positions each way pushes through the model; computes
-cache memory from the formula 2 x layers x key/value heads x head dimension x bytes x tokens and
-measures it on the real cache objects; and simulates a fixed KV memory budget under two policies.
-What it does not do: page or share cache blocks between requests (paged.py, lesson 13), or call the model
-other than through generation.prefill / decode_step (the deliberate no-cache run aside).
+What it does: writes down the cache contract once (`Cache`: `length`, `reserve`, `write`, `rollback`; the
+course's model calls the first three, the loop calls `rollback` after a verify pass); holds the course's
+own cache (`KVCache`: preallocated per layer, written in place, rolled back by one assignment), which meets
+it, as does paged.PagedView; and the operations a scheduler needs on any cache, ours or transformers'
+`DynamicCache` (`new_cache`, `length_of`, `rollback`, `select_rows`, `join`, `trim`); counts the token
+positions a run with and without a cache pushes through the model; computes cache memory from the formula
+2 x layers x key/value heads x head dimension x bytes x tokens and measures it on the real cache objects;
+and simulates a fixed KV memory budget under three policies.
+What it does not do: page or share cache blocks between requests (paged.py, lesson 13), call the model
+(forward.run_model does), or time anything (measure/ does).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
-
-from .runtime import synchronize
 
 
 def head_dim_of(config) -> int:
     """The head dimension D: the config's head_dim, else hidden size / query heads. Example: SmolLM2 -> 64"""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """The cache contract. `length`: columns (tokens) already written; the model sets it after its last layer.
+    `reserve(end)`: called by the model before its first layer, to make room for columns [0, end).
+    `write(layer, k, v, start)`: store (B, KV, T, D) keys and values at columns [start, start + T) and return the
+    keys and values attention reads, (B, KV, S, D). `rollback(n)`: forget every column from n on.
+    kv_cache.KVCache and paged.PagedView meet it; transformers' DynamicCache has its own API, which
+    `length_of` and `rollback` below translate."""
+    length: int
+
+    def reserve(self, end: int) -> None: ...
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int): ...
+
+    def rollback(self, length: int) -> None: ...
 
 
 class KVCache:
@@ -92,6 +108,24 @@ def new_cache(model, batch: int, capacity: int):
     return DynamicCache(config=model.config)
 
 
+def length_of(cache) -> int:
+    """Tokens a cache holds, ours (`.length`) or transformers' (`get_seq_length()`)."""
+    return cache.length if hasattr(cache, "length") else int(cache.get_seq_length())
+
+
+def rollback(cache, length: int) -> None:
+    """Forget every token from `length` on, on any cache: ours by one assignment, transformers' DynamicCache by
+    `crop` (which slices every layer). Example: a cache of 12 tokens, rollback(cache, 10) -> it holds 10."""
+    if hasattr(cache, "rollback"):
+        cache.rollback(length)
+        return
+    held = length_of(cache)
+    if not 0 <= length <= held:
+        raise ValueError(f"can only roll back to a length in [0, {held}], got {length}")
+    if length < held:
+        cache.crop(length - held)  # note: transformers' crop takes a negative count of tokens to remove
+
+
 def _tensors(cache):
     """(keys list, values list) of any cache, for operations that rewrite every layer."""
     if isinstance(cache, KVCache):
@@ -145,66 +179,6 @@ def trim(cache, mask: torch.Tensor):
             cache.length -= first
         mask = mask[:, first:]
     return cache, mask
-
-
-@dataclass
-class TimedRun:
-    """Greedy tokens and the seconds each new token took (the first includes the prompt's pass)."""
-    cached: bool
-    token_ids: list[int]
-    seconds: list[float]
-    positions_processed: int  # token positions pushed through the model in total
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds)
-
-
-@torch.inference_mode()
-def run_with_cache(model, prompt_ids, n_new: int) -> TimedRun:
-    """prefill once, then one decode_step per new token; no stop token, exactly n_new tokens. Each token's
-    time is the forward pass that produced its logits plus the pick (the first: prefill), so the last
-    token is a step like the others (no forward pass is run for a token nobody will read)."""
-    from .generation import check_request, decode_step, prefill
-    from .sampling import greedy
-    ids = check_request(model, prompt_ids, n_new)
-    run = TimedRun(True, [], [], len(ids))
-    synchronize(model.device)
-    start = time.perf_counter()
-    logits, cache = prefill(model, ids, capacity=len(ids) + n_new)
-    token = None
-    for i in range(n_new):
-        if i:
-            logits, cache = decode_step(model, [token], cache)  # the step that produces token i
-            run.positions_processed += 1
-        token, _ = greedy(logits[0])
-        run.token_ids.append(token)
-        synchronize(model.device)
-        now = time.perf_counter()
-        run.seconds.append(now - start)
-        start = now
-    return run
-
-
-@torch.inference_mode()
-def run_without_cache(model, prompt_ids, n_new: int) -> TimedRun:
-    """Every step re-runs the whole sequence so far: what generation would cost with no KV cache."""
-    from .generation import check_request
-    from .sampling import greedy
-    ids = check_request(model, prompt_ids, n_new)
-    run = TimedRun(False, [], [], 0)
-    seq = torch.tensor([ids], device=model.device)  # (1, T), grows by one each step
-    for _ in range(n_new):
-        synchronize(model.device)
-        start = time.perf_counter()
-        logits = model(input_ids=seq, use_cache=False, logits_to_keep=1).logits  # (1, 1, V)
-        token, _ = greedy(logits[0, -1])
-        run.positions_processed += seq.shape[1]
-        seq = torch.cat([seq, torch.tensor([[token]], device=model.device)], dim=1)
-        synchronize(model.device)
-        run.seconds.append(time.perf_counter() - start)
-        run.token_ids.append(token)
-    return run
 
 
 def positions_processed(prompt_len: int, n_new: int, cached: bool) -> int:

@@ -121,6 +121,11 @@ class BlockManager:
         if name not in self.by_hash and block not in self.hash_of:
             self.by_hash[name], self.hash_of[block] = block, name
 
+    def forget(self, block: int) -> None:
+        """The block's contents no longer match its name (a rollback): it can no longer be found as a prefix."""
+        if block in self.hash_of:
+            del self.by_hash[self.hash_of.pop(block)]
+
     def check(self) -> None:
         """The invariants, checked (the tests call this after every trace)."""
         assert all(r >= 0 for r in self.ref), "a reference count went negative"
@@ -252,6 +257,22 @@ class PagedView:
         new = end - self.length
         for s in self.seqs:
             self.pool.commit(s, new)
+
+    def rollback(self, length: int) -> None:
+        """Forget every column from `length` on (the cache contract's rollback): each row drops as many of its
+        latest tokens; blocks named for tokens that are dropped lose their names (their slots will be
+        rewritten), and the blocks stay in the table for the tokens that come next."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"can only roll back to a length in [0, {self.length}], got {length}")
+        drop, bs = self.length - length, self.pool.block_size
+        for s in self.seqs:
+            if s.computed - drop < s.reused:  # note: those blocks may be shared; they are never written
+                raise ValueError(f"cannot roll back a row below the {s.reused} tokens it reuses from the prefix cache")
+        for s in self.seqs:
+            s.computed -= drop
+            while len(s.names) > s.computed // bs:
+                s.names.pop()
+                self.pool.manager.forget(s.blocks[len(s.names)])
 
     def attention_mask(self, new: int = 1) -> torch.Tensor:
         """(B, start + new): 1 where a row has a token, 0 where it is padding."""

@@ -18,6 +18,7 @@ from .context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
 from .generation import end_of_turn_ids, generate
 from .kv_cache import model_kv_bytes_per_token
 from .paged import PagedKVCache, PagedView, blocks_for
+from .measure.timers import median
 
 SHORT_QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
                    "Write a haiku about rain.", "What is 12 times 7?")
@@ -123,7 +124,6 @@ def bench_section(model, tokenizer, quick: bool = False) -> dict:
     """The bench's `paged` section (lesson 13) on the course's own model built on `model`'s weights."""
     from .model import Model
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
-    median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     jobs, arrivals = trace_jobs(ours, tokenizer, 8 if quick else 96)
     if quick:
         jobs, arrivals = jobs[:3], arrivals[:3]

@@ -6,6 +6,9 @@ logits vector (V,) or batch (B, V); `logits_to_probs` chains them in the order t
 generator; `make_sampler` returns a `pick` function for generation.generate, and `greedy` is the one greedy pick:
 every picker returns (token, probability) from the distribution it computed. Filtered tokens get
 -inf logits, so they have probability exactly 0. Temperature 0 means greedy: always the top token.
+Drafted tokens (speculative decoding) are accepted here too, as a picker rule: `accept_draft` keeps the
+longest prefix the greedy pick agrees with, or, with a Sampler, applies `accept_or_resample` (speculative
+sampling), which keeps the sampler's distribution exactly.
 What it does not do: call the model (pass it logits) or draw anything (plots.py, widgets.py).
 """
 from __future__ import annotations
@@ -227,3 +230,58 @@ def reshape(logits: torch.Tensor, config: SamplingConfig, show: int = 12, previo
     ids = torch.topk(before, show).indices
     return Reshaped(ids.tolist(), before[ids].tolist(), after[ids].tolist(), int((after > 0).sum()),
                     effective_choices(before), effective_choices(after))
+
+
+def accept_or_resample(p: torch.Tensor, q: torch.Tensor, drafted: int, generator: torch.Generator | None = None) -> int:
+    """Speculative sampling's rule for one drafted token, which keeps the output distributed exactly as p:
+    accept `drafted` with probability min(1, p/q); otherwise draw from max(0, p - q), renormalized.
+    p: the model's probabilities (V,), q: the drafter's (V,), on one device; a deterministic drafter has q one-hot."""
+    ratio = float(p[drafted] / q[drafted]) if q[drafted] > 0 else 0.0
+    if float(torch.rand((), generator=generator, device=p.device)) < min(1.0, ratio):
+        return drafted
+    residual = (p - q).clamp(min=0)
+    if float(residual.sum()) <= 0:  # p == q: nothing to correct
+        residual = p
+    return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+
+
+def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler) -> tuple[list[int], int, float]:
+    """Speculative sampling over one verify pass. logits (k + 1, V): the model's at [last] + draft. For each
+    drafted token in order, `accept_or_resample` with the drafter's distribution one-hot on it (our drafters
+    propose deterministically): accepted with probability p(token), otherwise a token is drawn from p with the
+    drafted one removed, and the rest of the draft is dropped. If all are accepted, one more is drawn from the
+    last position. Returns (accepted, the model's own token, its probability); each output token is
+    distributed exactly as plain sampling would draw it. sampler: a Sampler (its filters, its seed)."""
+    accepted = []
+    for i, token in enumerate(draft):
+        p = sampler.distribution(logits[i])  # (V,)
+        one_hot = torch.zeros_like(p)
+        one_hot[token] = 1.0
+        chosen = accept_or_resample(p, one_hot, token, sampler.rng(p.device)) if sampler.config.temperature else int(p.argmax())
+        sampler.accept(chosen)
+        if chosen != token:
+            return accepted, chosen, float(p[chosen])
+        accepted.append(token)
+    p = sampler.distribution(logits[len(draft)])
+    bonus = sampler.draw(p)
+    sampler.accept(bonus)
+    return accepted, bonus, float(p[bonus])
+
+
+def accept_draft(logits: torch.Tensor, draft: list[int], pick=greedy) -> tuple[list[int], int, float]:
+    """The picker rule for a verify pass. logits (k + 1, V): the model's at [last] + draft. pick=greedy keeps the
+    longest prefix of the draft that greedy agrees with, then greedy's own next token; a Sampler applies
+    `sample_verified`. Returns (accepted draft tokens, the model's own next token, its probability).
+    Example: greedy choices [7, 9, 4] at a draft [7, 8] -> ([7], 9, p)"""
+    if isinstance(pick, Sampler):
+        return sample_verified(logits, draft, pick)
+    if pick is not greedy:
+        raise ValueError("drafted tokens can be checked with pick=greedy or a sampler from sampling.make_sampler "
+                         "(it must read the sampler's distribution to accept or resample drafted tokens)")
+    n = 0
+    for i, token in enumerate(draft):
+        if greedy(logits[i])[0] != token:
+            break
+        n += 1
+    token, prob = greedy(logits[n])
+    return draft[:n], token, prob

@@ -12,7 +12,10 @@ puts lesson 15's grammar mask in front of the picker. max_tokens above the cap i
 from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
 network, with a generated API key and a concurrency cap.
 With kv_cache="paged" the engine serves from the course's own model on lesson 13's paged cache
-(prefix caching, preemption instead of failure when the pool is full); /health then reports the pool.
+(prefix caching, preemption instead of failure when the pool is full, chunked prefill within a per-step
+token budget with token_budget=N); /health then reports the pool. A request the engine could not serve
+(an engine error, or a scheduler's refusal) reaches the client as an error (HTTP 500/503, or an error
+event in a stream), never as finish_reason "stop".
 What it does not do: TLS or user accounts.
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .batching import ContinuousBatch, Job
 from .context import context_ids
-from .generation import FINISH_REASON, IncrementalDecoder, Stopper, end_of_turn_ids
+from .generation import FAILURES, FINISH_REASON, IncrementalDecoder, Stopper, end_of_turn_ids
 from .openai_api import ApiError, error_body, parse_chat_request
 from .paged import blocks_for
 from .sampling import SamplingConfig, make_sampler
@@ -83,26 +86,28 @@ class Engine:
                 self._finish(job, "cancelled")
             try:
                 if newcomers:
-                    self.batch.add(newcomers)
+                    self.batch.add(newcomers)  # note: a scheduler may refuse a job here (finish reason "rejected")
                 before = list(self.batch.jobs)
                 for job, token in self.batch.step():
                     self.listeners[job.name](token)
-                for job in before:
+                for job in newcomers + before:
                     if job not in self.batch.jobs:
                         self._finish(job, job.finish_reason)
             except Exception as err:  # noqa: BLE001 - one bad step must not kill the server
                 self.error = err
                 for job in self.batch.jobs + newcomers:
+                    job.finish_reason = "error"  # note: overrides any stop: the client must not read it as done
                     self._finish(job, "error")
                 self.batch = self.make_batch()
 
     def _finish(self, job: Job, reason: str) -> None:
+        listener = self.listeners.pop(job.name, None)
+        if listener is None:  # already finished (or never submitted here)
+            return
         job.finish_reason = job.finish_reason or reason
         self.finished.append((job.name, job.finish_reason))
-        listener = self.listeners.pop(job.name, None)
-        if listener:
-            self.served += 1
-            listener(None)
+        self.served += 1
+        listener(None)
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,31 +122,39 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 KV_CACHES = ("contiguous", "paged")
 
 
-def paged_engine(model, max_batch: int, kv_blocks: int | None = None):
+def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budget: int | None = None,
+                 prefix_caching: bool = True):
     """(the course's model, a factory of PagedBatch schedulers on a fresh pool) for Engine: lesson 13's paged
-    cache with prefix caching and preemption. A transformers model is rewritten as model.Model on its weights.
-    kv_blocks: the pool's size (default: one whole context window's worth)."""
-    from .batching import PagedBatch
+    cache with preemption. A transformers model is rewritten as model.Model on its weights.
+    kv_blocks: the pool's size (default: one whole context window's worth); token_budget: tokens per step
+    (chunked prefill; None = each prompt whole); prefix_caching: reuse the blocks of shared prompt prefixes."""
+    from .batching import PagedBatch, check_budget
     from .model import Model
     from .paged import PagedKVCache
+    check_budget(token_budget, max_batch)  # note: now, not in the engine thread
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
     blocks = kv_blocks if kv_blocks is not None else blocks_for(ours.config.max_position_embeddings + 1)
-    return ours, lambda: PagedBatch(ours, PagedKVCache.for_model(ours, blocks), "preempt", max_batch)
+    return ours, lambda: PagedBatch(ours, PagedKVCache.for_model(ours, blocks, prefix_caching=prefix_caching),
+                                    "preempt", max_batch, token_budget=token_budget)
 
 
 def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", max_tokens_cap: int = 256,
                max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
-               max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None) -> FastAPI:
+               max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None,
+               token_budget: int | None = None, prefix_caching: bool = True) -> FastAPI:
     """The FastAPI app; app.state.engine is its Engine, started and stopped with the app (its lifespan).
     api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
     max_concurrent: requests in flight at once; more get 429 (None: no cap).
     kv_cache: "contiguous" (continuous batching on the model as given) or "paged" (lesson 13: the course's
-    own model on a paged pool of kv_blocks blocks, with prefix caching and preemption)."""
+    own model on a paged pool of kv_blocks blocks, with prefix caching and preemption; token_budget=N reads
+    prompts in chunks so that at most N tokens run per step, and prefix_caching=False turns prefix reuse off)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
     make_batch = None
     if kv_cache == "paged":
-        model, make_batch = paged_engine(model, max_batch, kv_blocks)
+        model, make_batch = paged_engine(model, max_batch, kv_blocks, token_budget, prefix_caching)
+    elif token_budget is not None or not prefix_caching:
+        raise ValueError("token_budget and prefix_caching are options of the paged cache: pass kv_cache='paged'")
     engine = Engine(model, max_batch=max_batch, make_batch=make_batch)
 
     @asynccontextmanager
@@ -221,6 +234,8 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
                           f"{pool.manager.num_blocks * pool.block_size}; shorten the conversation",
                           param="messages", code="context_length_exceeded")
         allowed = min(req.max_tokens, max_tokens_cap, window - len(prompt))
+        if pool is not None:  # note: what the whole pool can hold, so a request is never cut short after it began
+            allowed = min(allowed, pool.manager.num_blocks * pool.block_size - len(prompt))
         pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed)
         if req.schema is not None:  # structured output: a grammar mask in front of the picker (lesson 15)
             from .sampling import greedy
@@ -260,6 +275,8 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
                 break
             if token is not ...:
                 ids.append(token)
+        if job.finish_reason in FAILURES:
+            return _failure(job)
         text = tokenizer.decode(ids, skip_special_tokens=True)
         return JSONResponse({
             "id": job.name, "object": "chat.completion", "created": created, "model": model_name,
@@ -268,6 +285,20 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             "usage": _usage(len(prompt), len(ids))}, headers=headers)
 
     return app
+
+
+def _failure_body(job: Job) -> tuple[int, dict]:
+    """(HTTP status, OpenAI-shaped error) for a request the engine could not serve."""
+    if job.finish_reason == "rejected":
+        return 503, error_body("the server's KV memory cannot hold this request now; retry later or ask for fewer "
+                               "tokens", "server_error", code="kv_cache_full")
+    return 500, error_body("the engine failed while generating this answer; the server log has the error",
+                           "server_error", code="engine_error")
+
+
+def _failure(job: Job) -> JSONResponse:
+    status, body = _failure_body(job)
+    return JSONResponse(body, status_code=status)
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -296,6 +327,9 @@ async def _events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: str, c
         rest = decoder.flush()
         if rest:
             yield chunk({"content": rest})
+        if job.finish_reason in FAILURES:  # the headers are sent: the error goes in the stream, as OpenAI's does
+            yield "data: " + json.dumps(_failure_body(job)[1]) + "\n\n"
+            return
         yield chunk({}, FINISH_REASON.get(job.finish_reason, "stop"))
         if include_usage:
             yield chunk(None, usage=_usage(prompt_tokens, count))

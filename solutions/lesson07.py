@@ -1,4 +1,4 @@
-from course_lib.kv_cache import run_with_cache, run_without_cache
+from course_lib.measure.speed import cached_run, uncached_run
 
 model = tokenizer = None
 
@@ -12,4 +12,4 @@ def positions_without_cache(prompt_len, n_new):
 
 
 def ratio(prompt, n_new=48):
-    return run_without_cache(model, prompt, n_new).total / run_with_cache(model, prompt, n_new).total
+    return uncached_run(model, prompt, n_new).total / cached_run(model, tokenizer, prompt, n_new).total

@@ -2,7 +2,6 @@ import pytest
 
 from course_lib.batching import ContinuousBatch, Job, generate_static, left_pad, padding_waste, run_schedule
 from course_lib.generation import generate
-from course_lib.kv_cache import run_with_cache
 
 from conftest import chat_ids
 
@@ -35,11 +34,11 @@ def test_batched_greedy_equals_each_alone(tiny, tokenizer, prompts):
 
 
 @pytest.mark.parametrize("continuous", [False, True], ids=["static", "continuous"])
-def test_schedules_give_each_job_its_own_tokens(tiny, prompts, continuous):
+def test_schedules_give_each_job_its_own_tokens(tiny, tokenizer, prompts, continuous):
     jobs = [Job(f"r{i}", prompts[i % len(prompts)], n) for i, n in enumerate([12, 3, 20, 7, 1, 9, 15])]
     run_schedule(tiny, jobs, max_batch=3, continuous=continuous)
     for job in jobs:
-        assert job.tokens == run_with_cache(tiny, job.prompt, job.new_tokens).token_ids, job.name
+        assert job.tokens == generate(tiny, tokenizer, job.prompt, job.new_tokens, stop_ids=()).token_ids, job.name
         assert job.start <= job.first_token <= job.end
 
 
@@ -52,7 +51,7 @@ def test_continuous_admits_as_soon_as_a_slot_frees(tiny, prompts):
     assert static[2].start >= static[0].end  # static waits for the whole batch
 
 
-def test_cancelled_job_leaves_the_batch(tiny, prompts):
+def test_cancelled_job_leaves_the_batch(tiny, tokenizer, prompts):
     model = tiny
     batch = ContinuousBatch(model)
     a, b = Job("a", prompts[0], 50), Job("b", prompts[1], 5)
@@ -63,7 +62,7 @@ def test_cancelled_job_leaves_the_batch(tiny, prompts):
     assert [j.name for j in batch.jobs] == ["b"] and a.finish_reason == "cancelled"
     while batch.jobs:
         batch.step()
-    assert b.tokens == run_with_cache(model, prompts[1], 5).token_ids
+    assert b.tokens == generate(model, tokenizer, prompts[1], 5, stop_ids=()).token_ids
 
 
 def test_stop_ids_end_a_job(model, tokenizer, prompts):

@@ -139,11 +139,11 @@ def test_lesson07(model, tokenizer):
     measured = s.ratio(prompt)
     assert measured > 1  # the cache is faster, under any load
     # note: the reference is the solution's own measurement, so a busy machine cannot make this flaky
-    assert lesson07.check_ratio(measured, model, prompt, reference=measured * 1.3)
+    assert lesson07.check_ratio(measured, model, tokenizer, prompt, reference=measured * 1.3)
     assert not lesson07.check_kv_bytes(lambda t, l, kv, d, b: t * l * kv * d * b, model)  # forgot keys AND values
     assert not lesson07.check_positions(lambda p, n: p * n)
-    assert not lesson07.check_ratio(measured * 10, model, prompt, reference=measured)
-    assert not lesson07.check_ratio(None, model, prompt)
+    assert not lesson07.check_ratio(measured * 10, model, tokenizer, prompt, reference=measured)
+    assert not lesson07.check_ratio(None, model, tokenizer, prompt)
 
 
 def test_lesson08(model, tokenizer):

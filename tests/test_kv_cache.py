@@ -5,13 +5,14 @@ import course_lib
 from course_lib.context import filler_ids, story_ids
 from course_lib.generation import decode_step, prefill
 from course_lib.kv_cache import (Request, cache_bytes, kv_bytes_per_token, model_kv_bytes_per_token,
-                                 positions_processed, run_with_cache, run_without_cache, simulate_budget)
+                                 positions_processed, simulate_budget)
+from course_lib.measure.speed import cached_run, uncached_run
 
 
 def test_cached_and_uncached_tokens_are_identical(tiny, tokenizer):
     """A mechanism that holds for any model: on the tiny random one (lesson 07 shows it on the real model)."""
     prompt = story_ids(tokenizer)
-    cached, uncached = run_with_cache(tiny, prompt, 24), run_without_cache(tiny, prompt, 24)
+    cached, uncached = cached_run(tiny, tokenizer, prompt, 24), uncached_run(tiny, prompt, 24)
     assert cached.token_ids == uncached.token_ids
     assert len(cached.seconds) == len(uncached.seconds) == 24
     assert cached.positions_processed == positions_processed(len(prompt), 24, True)

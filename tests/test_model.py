@@ -1,6 +1,4 @@
 """Lesson 11: the model written out equals the library's, its cache behaves, and it runs under the one loop."""
-import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -133,18 +131,6 @@ def test_batching_on_our_model_equals_each_alone(tokenizer, tiny):
     batched = generate_static(small, tokenizer, prompts, max_new_tokens=16)
     for p, b in zip(prompts, batched):
         assert b == generate(small, tokenizer, p, 16).token_ids
-
-
-def test_one_place_calls_the_model():
-    """generation.run_model is the only inference call; the others are the no-cache run (lesson 07) and
-    the anatomy views that look inside one pass with hooks (lessons 03-04)."""
-    root = Path(__file__).resolve().parents[1] / "course_lib"
-    calls = {}
-    for path in root.rglob("*.py"):
-        n = len(re.findall(r"model\(input_ids=", path.read_text()))
-        if n:
-            calls[str(path.relative_to(root))] = n
-    assert calls == {"generation.py": 2, "kv_cache.py": 1, "anatomy.py": 2, "attention.py": 1, "model.py": 1}, calls
 
 
 def test_a_matrix_is_the_same_matrix_by_rows_or_by_columns():

@@ -265,3 +265,50 @@ def test_paged_server_refuses_a_prompt_its_pool_cannot_hold_and_a_bad_cache_name
         handle.stop()
     with pytest.raises(ValueError, match="kv_cache must be one of"):
         start_server(model, tokenizer, port=free_port(), kv_cache="pages")
+
+
+def test_an_engine_error_reaches_the_client_as_an_error(tiny, tokenizer):
+    """Never as finish_reason "stop": a 500 in OpenAI's shape, or an error event in a stream (no finish chunk)."""
+    handle = start_server(tiny, tokenizer, port=free_port(), max_tokens_cap=16)
+    engine = handle.app.state.engine
+
+    def break_step(batch):
+        def broken():
+            if batch.jobs:  # note: the engine steps an empty batch while it waits; break only a real step
+                raise RuntimeError("a deliberately broken step")
+            return []
+        batch.step = broken
+
+    try:
+        for stream in (False, True):
+            break_step(engine.batch)  # the engine replaces its scheduler after an error: break the new one
+            r = httpx.post(handle.url + "/v1/chat/completions", timeout=60,
+                           json={"messages": QUESTION, "stream": stream, "max_tokens": 8})
+            if not stream:
+                assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error"
+                continue
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            assert events[-1]["error"]["code"] == "engine_error"
+            assert not any(e.get("choices") and e["choices"][0]["finish_reason"] for e in events)
+        assert isinstance(engine.error, RuntimeError)
+        ok = httpx.post(handle.url + "/v1/chat/completions", timeout=60, json={"messages": QUESTION, "max_tokens": 4})
+        assert ok.status_code == 200  # the next request is served by a fresh scheduler
+    finally:
+        handle.stop()
+
+
+def test_paged_server_with_chunked_prefill_clamps_to_its_pool(model, tokenizer):
+    handle = start_server(model, tokenizer, port=free_port(), kv_cache="paged", kv_blocks=6, token_budget=24,
+                          max_tokens_cap=200)  # 96 token slots, prompts read 24 tokens a step at most
+    try:
+        r = httpx.post(handle.url + "/v1/chat/completions", timeout=120,
+                       json={"messages": QUESTION, "max_tokens": 200, "temperature": 0})
+        body = r.json()
+        assert r.status_code == 200 and body["choices"][0]["message"]["content"] == "The capital of France is Paris."
+        assert int(r.headers["x-max-tokens-clamped"]) == 96 - body["usage"]["prompt_tokens"]
+    finally:
+        handle.stop()
+    for options, message in (({"kv_cache": "paged", "token_budget": 4}, "above max_batch"),
+                             ({"token_budget": 64}, "options of the paged cache")):
+        with pytest.raises(ValueError, match=message):
+            start_server(model, tokenizer, port=free_port(), **options)

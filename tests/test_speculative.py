@@ -7,7 +7,7 @@ from course_lib import formats
 from course_lib.context import chat_ids, edit_ids, story_ids
 from course_lib.generation import generate, stream
 from course_lib.model import Model
-from course_lib.speculative import ModelDrafter, PromptLookup, accept_or_resample, early_exit, speculative_steps
+from course_lib.speculative import ModelDrafter, PromptLookup, accept_or_resample, early_exit
 
 from test_sampling import _chi_square_p_value, real_logits  # noqa: F401 - real_logits is a fixture
 
@@ -68,7 +68,7 @@ def test_stop_strings_and_streaming_behave_as_everywhere(ours, tokenizer):
 def test_bad_draft_arguments_are_refused(ours, tokenizer):
     prompt = chat_ids(tokenizer, "Hi")
     with pytest.raises(ValueError, match="k"):
-        list(speculative_steps(ours, tokenizer, prompt, 5, draft=PromptLookup(), k=0))
+        generate(ours, tokenizer, prompt, 5, draft=PromptLookup(), k=0)
     with pytest.raises(TypeError, match="propose"):
         generate(ours, tokenizer, prompt, 5, draft="lookup")
     with pytest.raises(ValueError, match="layers"):
@@ -104,7 +104,7 @@ def test_a_wrong_rule_is_caught(real_logits):
 def _first_two(logits, draft, config, n, rule=None, monkeypatch=None):
     """n runs of sample_verified on fixed logits: counts of the first emitted token, and of the second given the
     first drafted token was accepted."""
-    from course_lib import speculative
+    from course_lib import sampling as speculative  # the acceptance rules are picker rules (sampling.py)
     from course_lib.sampling import make_sampler
     if rule is not None:
         monkeypatch.setattr(speculative, "accept_or_resample", rule)
@@ -158,3 +158,20 @@ def test_sampling_runs_in_the_loop_with_a_drafter(ours, tokenizer):
     assert all(r.speculative.accepted > 0 and r.stop_reason in ("end_of_turn", "max_new_tokens") for r in runs)
     with pytest.raises(ValueError, match="make_sampler"):
         generate(ours, tokenizer, prompt, 5, pick=lambda logits: (0, 1.0), draft=PromptLookup(3))
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_speculative_runs_on_the_library_model_too(tiny, tokenizer, k):
+    """The library's DynamicCache rolls back by crop: prompt lookup and a model drafter (the library model drafting
+    for itself) give plain greedy's tokens, and the step is the loop's own (no second loop)."""
+    for prompt in (edit_ids(tokenizer), story_ids(tokenizer)):
+        plain = generate(tiny, tokenizer, prompt, 24, stop_ids=())
+        for drafter in (PromptLookup(2), ModelDrafter(tiny)):
+            spec = generate(tiny, tokenizer, prompt, 24, stop_ids=(), draft=drafter, k=k)
+            assert spec.token_ids == plain.token_ids
+            assert spec.speculative.verify_steps < len(spec.token_ids)
+
+
+def test_early_exit_needs_the_courses_model(tiny):
+    with pytest.raises(TypeError, match="model.Model"):
+        early_exit(tiny, 1)

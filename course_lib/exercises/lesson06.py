@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..generation import GenerationResult, Step, generate
-from ..kv_cache import run_without_cache
+from ..measure.speed import uncached_run
 from . import safely, verdict
 
 STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷", "plain ASCII text", "naïve café 你好"]
@@ -13,7 +13,7 @@ def check_greedy_loop(greedy_loop, model, tokenizer, prompt_ids: list[int], n: i
     ok, got = safely(greedy_loop, list(prompt_ids), n)
     if not ok:
         return verdict(False, "", got)
-    want = run_without_cache(model, list(prompt_ids), n).token_ids  # the reference: no cache, exactly n tokens
+    want = uncached_run(model, list(prompt_ids), n).token_ids  # the reference: no cache, exactly n tokens
     if not isinstance(got, list) or [int(t) for t in got] != want:
         return verdict(False, "", f"expected {want} ({tokenizer.decode(want)!r}), got {got!r}. Hint: append each "
                        "chosen token to the ids before the next forward pass; return only the new ones")

@@ -1,7 +1,8 @@
 """Checks for 07_kv_cache: the memory formula, the uncached work count, and a measured speed-up ratio."""
 from __future__ import annotations
 
-from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed, run_with_cache, run_without_cache
+from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed
+from ..measure.speed import cached_run, uncached_run
 from . import safely, verdict
 
 
@@ -36,17 +37,17 @@ def check_positions(positions_without_cache) -> bool:
     return verdict(True, "a sum of growing lengths: quadratic in n_new, not exponential", "")
 
 
-def measure_ratio(model, prompt_ids, n_new: int = 48) -> float:
+def measure_ratio(model, tokenizer, prompt_ids, n_new: int = 48) -> float:
     """Uncached time / cached time for n_new greedy tokens, measured now."""
-    return run_without_cache(model, prompt_ids, n_new).total / run_with_cache(model, prompt_ids, n_new).total
+    return uncached_run(model, prompt_ids, n_new).total / cached_run(model, tokenizer, prompt_ids, n_new).total
 
 
-def check_ratio(ratio, model, prompt_ids, n_new: int = 48, tolerance: float = 2.0, reference: float | None = None) -> bool:
+def check_ratio(ratio, model, tokenizer, prompt_ids, n_new: int = 48, tolerance: float = 2.0, reference: float | None = None) -> bool:
     """ratio: uncached time / cached time for n_new tokens; accepted within a factor `tolerance` of a rerun
     (or of `reference`, a ratio measured earlier in the same conditions)."""
     if not isinstance(ratio, (int, float)) or ratio <= 0:
         return verdict(False, "", "give the ratio as a positive number (uncached seconds / cached seconds)")
-    rerun = reference if reference is not None else measure_ratio(model, prompt_ids, n_new)
+    rerun = reference if reference is not None else measure_ratio(model, tokenizer, prompt_ids, n_new)
     ok = rerun / tolerance <= ratio <= rerun * tolerance
     return verdict(ok, f"your {ratio:.2f}x agrees with the rerun's {rerun:.2f}x",
                    f"the rerun measured {rerun:.2f}x, your {ratio!r} is outside a factor {tolerance}. "

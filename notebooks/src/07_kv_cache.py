@@ -19,8 +19,9 @@ import course_lib
 from course_lib import plots, plots_perf
 from course_lib.context import story_ids, filler_ids
 from course_lib.generation import prefill, decode_step
-from course_lib.kv_cache import (run_with_cache, run_without_cache, positions_processed, kv_bytes_per_token,
-                                 model_kv_bytes_per_token, cache_bytes, Request, simulate_budget)
+from course_lib.kv_cache import (positions_processed, kv_bytes_per_token, model_kv_bytes_per_token, cache_bytes,
+                                 Request, simulate_budget)
+from course_lib.measure.speed import cached_run, uncached_run
 
 model, tokenizer = course_lib.load_model()
 cfg = model.config
@@ -51,8 +52,8 @@ print("after one decode step:", cache.get_seq_length(), "| keys of layer 0 (B, K
 
 # %%
 N = 96
-cached = run_with_cache(model, prompt, N)
-uncached = run_without_cache(model, prompt, N)
+cached = cached_run(model, tokenizer, prompt, N)  # generation.generate, the loop, with no stop token
+uncached = uncached_run(model, prompt, N)  # every step re-runs the whole sequence: no cache, on purpose
 print("identical tokens:", cached.token_ids == uncached.token_ids)
 print(f"total: {cached.total:.1f} s with the cache, {uncached.total:.1f} s without -> {uncached.total / cached.total:.1f}x")
 
@@ -232,13 +233,13 @@ def positions_without_cache(prompt_len, n_new):
 ex.check_positions(positions_without_cache)
 
 # %% [markdown]
-# **3.** Measure it yourself: generate 48 tokens with and without the cache (`run_with_cache`,
-# `run_without_cache`) from `prompt`, and put the time ratio (uncached / cached) in `ratio`. The check
+# **3.** Measure it yourself: generate 48 tokens with and without the cache (`cached_run`,
+# `uncached_run`) from `prompt`, and put the time ratio (uncached / cached) in `ratio`. The check
 # reruns the measurement and accepts your ratio within a tolerance (timings vary).
 
 # %%
 ratio = None  # your measurement here
-ex.check_ratio(ratio, model, prompt)
+ex.check_ratio(ratio, model, tokenizer, prompt)
 
 # %% [markdown]
 # **Next:** 08 · prefill and decode, where the two stages are timed separately.

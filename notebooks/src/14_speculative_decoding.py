@@ -24,8 +24,9 @@ from course_lib.context import chat_ids, edit_ids, story_ids
 from course_lib.engine_speed import generate_exact
 from course_lib.generation import generate, prefill
 from course_lib.model import Model
-from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, verify_cost,
-                                    expected_tokens_per_verify, accept_or_resample)
+from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, expected_tokens_per_verify,
+                                    accept_or_resample)
+from course_lib.measure.speed import verify_cost
 
 torch.set_num_threads(1)  # one thread, set explicitly, as in lesson 12
 model, tokenizer = course_lib.load_model()

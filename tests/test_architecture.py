@@ -1,0 +1,137 @@
+"""The engine's shape, as tests that read the code (ENGINE.md's invariants): the import graph has no cycle,
+function-local imports included; the runner and the caches never import the loop; and one place,
+forward.run_model, calls a model with a cache."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "course_lib"
+MODEL_NAMES = {"model", "runner", "hf_model", "ours", "library", "short"}  # what the code calls a runner
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+    """course_lib modules this module imports anywhere (top level and inside functions)."""
+    package = name if is_package else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("course_lib")}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("course_lib"):
+                continue
+            found.add(target)
+            for alias in node.names:  # `from . import x` imports the module course_lib.x
+                found.add(f"{target}.{alias.name}")
+    return found
+
+
+def graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """{module: modules it imports}, only modules present in `sources` ({name: (source, is_package)})."""
+    edges = {}
+    for name, (source, is_package) in sources.items():
+        edges[name] = {m for m in imports_of(ast.parse(source), name, is_package) if m in sources and m != name}
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def reachable(edges, start) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in edges.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def sources():
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in ROOT.rglob("*.py")}
+
+
+def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
+    fake = {"course_lib": ("", True),
+            "course_lib.a": ("from .b import x\n", False),
+            "course_lib.b": ("def f():\n    from .c import y\n", False),
+            "course_lib.c": ("def g():\n    from . import a\n", False)}
+    assert find_cycle(graph(fake)) == ["course_lib.a", "course_lib.b", "course_lib.c", "course_lib.a"]
+    fake["course_lib.c"] = ("import torch\n", False)
+    assert find_cycle(graph(fake)) is None
+
+
+def test_no_import_cycle_function_local_imports_included(sources):
+    edges = graph(sources)
+    assert edges["course_lib.forward"] == set()  # the runner call sits at the bottom
+    assert find_cycle(edges) is None, f"import cycle: {' -> '.join(find_cycle(edges))}"
+
+
+@pytest.mark.parametrize("module", ["forward", "sampling", "kv_cache", "paged", "layout", "model", "formats"])
+def test_runner_caches_and_pickers_never_reach_the_loop(sources, module):
+    """ENGINE.md's layers: a runner, a cache or a picker knows no loop (not even through another module)."""
+    below = reachable(graph(sources), f"course_lib.{module}")
+    assert not below & {"course_lib.generation", "course_lib.batching", "course_lib.speculative",
+                        "course_lib.serving"}, below
+
+
+def model_calls_with_a_cache(source: str) -> list[str]:
+    """'function:line' of every call of a runner with a cache: a call passing input_ids= or made on a name that
+    holds a runner, with a cache= (or past_key_values=) keyword."""
+    found = []
+    for func in ast.walk(ast.parse(source)):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call):
+                continue
+            words = {k.arg for k in node.keywords}
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            is_model = "input_ids" in words or callee in MODEL_NAMES
+            if is_model and words & {"cache", "past_key_values"}:
+                found.append(f"{func.name}:{node.lineno}")
+    return found
+
+
+def test_the_call_finder_sees_a_bypass():
+    bypass = "def sneaky(model, ids, c):\n    return model(ids, cache=c)\n"
+    assert model_calls_with_a_cache(bypass) == ["sneaky:2"]
+    assert model_calls_with_a_cache("def fine(model, ids):\n    return model(input_ids=ids)\n") == []
+
+
+def test_one_place_calls_a_model_with_a_cache(sources):
+    calls = {name: model_calls_with_a_cache(src) for name, (src, _) in sources.items()}
+    calls = {name: found for name, found in calls.items() if found}
+    assert list(calls) == ["course_lib.forward"] and len(calls["course_lib.forward"]) == 1, calls
+    assert calls["course_lib.forward"][0].startswith("run_model:")
