@@ -4,12 +4,17 @@
     model, tokenizer = course_lib.load_model()
 
 Modules, in pipeline order: runtime (device, dtype, timing), loading (model and tokenizer),
-tokenization, context, forward (one pass) and anatomy (inside it), attention, sampling, generation
-(the one inference core), kv_cache, batching, serving with openai_api (the request dialect); Part II:
-model (SmolLM2 written out), formats (weight formats), paged (the paged KV cache: blocks, block tables,
-prefix caching; its scheduler is batching.PagedBatch), speculative (drafters, verify), structured
-(grammar masks). Measurements: bench (with bench_part2, its Part II sections), engine_speed, paged_runs. Pictures only: plots, plots_perf, html_views,
-widgets. Also doctor and exercises. Nothing heavy is imported until it is used.
+tokenization, context, forward (one pass, and run_model: the one call into a model, with the runner
+contract) and anatomy (inside it), attention, sampling (pickers, and the acceptance rule for drafted
+tokens), request (a request's record, result and stop conditions), generation (the step, its stages and
+the one-request scheduler), kv_cache (the cache contract and the contiguous cache), batching (the batch
+schedulers), serving with openai_api (the request dialect); Part II: model (SmolLM2 written out),
+formats (weight formats), paged (the paged KV cache: blocks, block tables, prefix caching; its scheduler
+is batching.PagedBatch), speculative (drafters), structured (grammar masks). Measurements: measure/
+(timers; speed: timed runs; race: ours against the library; trace: lesson 13's paged trace; load: the
+serving load generator; memory and quality: lesson 12's rates and agreement; bench and bench_part2: the
+benchmark's sections). Pictures only: plots, plots_perf, html_views, widgets. Also doctor and exercises. Nothing
+heavy is imported until it is used.
 """
 import importlib
 

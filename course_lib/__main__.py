@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     if args.command == "bench":
         from pathlib import Path
         import torch
-        from . import bench
+        from .measure import bench
         from .loading import load_model
         try:
             bench.parse_only(args.only)

@@ -8,22 +8,24 @@ Every forward pass goes through generation.prefill / decode_step, every token th
 picker (greedy unless one is given: then it samples) and every stop through generation.Stopper, so
 a batched request stops exactly as it would alone, stop strings included. Every request's timeline
 is recorded. Works on the library's model and on the course's own (`model.Model`).
-`PagedBatch` (lesson 13) schedules over a paged KV cache instead: admission by free blocks, each prompt
-prefilled alone past its cached prefix, preemption and recompute (or rejection) when the pool is full.
-What it does not do: manage the blocks themselves (paged.py does).
+`PagedBatch` (lesson 13) schedules over a paged KV cache instead: admission by free blocks with headroom (a
+watermark), refusal on arrival of what could never fit, each prompt prefilled alone past its cached prefix,
+whole or in chunks within a per-step token budget (chunked prefill: running requests keep decoding while a
+long prompt is read), preemption and recompute (or rejection) when the pool is full.
+What it does not do: manage the blocks themselves (paged.py does), call the model other than through
+generation's stages, or pack prompt chunks and decode rows into one model call (production engines do).
 """
 from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from . import kv_cache
-from .generation import Pick, Stopper, check_request, decode_step, end_of_turn_ids, prefill
+from .generation import Job, Stopper, check_request, decode_step, end_of_turn_ids, prefill, step
 from .paged import OutOfBlocks, Sequence, blocks_for
-from .sampling import greedy
 
 
 @dataclass
@@ -64,96 +66,99 @@ def generate_static(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     return [j.tokens for j in jobs]
 
 
-@dataclass
-class Job:
-    """One request being served: prompt, how many tokens it may have, and when things happened."""
-    name: str
-    prompt: list[int]
-    new_tokens: int
-    stop_ids: frozenset = frozenset()  # tokens that end it early (end of turn); empty = run to new_tokens
-    pick: Pick | None = None  # None = greedy
-    stopper: Stopper | None = None  # None = made at admission from stop_ids and new_tokens (no stop strings)
-    tokens: list[int] = field(default_factory=list)
-    cancelled: bool = False  # set from outside (a client left); the job leaves at the next step
-    finish_reason: str = ""  # one of generation.STOP_REASONS once it is done
-    start: float = float("nan")  # seconds since the run began: admitted to a batch
-    first_token: float = float("nan")
-    end: float = float("nan")
-
-    def emit(self, token: int, stamp: float) -> str | None:
-        """Record one generated token (both schedulers record through here); returns a stop reason or None."""
-        self.tokens.append(token)
-        if len(self.tokens) == 1:
-            self.first_token = stamp
-        return self.stopper.update(token)
-
-
 class ContinuousBatch:
     """The running batch of a continuous-batching server: its jobs, their KV cache, mask and positions.
-    add() prefills newcomers and joins them; step() picks one token per job, retires finished jobs,
-    and runs one batched decode step for the rest."""
+    add() queues newcomers; each step (generation.step) runs `run`: it drops the rows that finished, runs one
+    batched decode step for the tokens fed last step, then prefills the newcomers together and joins them
+    (left-padded) to the batch; then every job picks one token."""
 
     def __init__(self, model, clock: float | None = None):
-        self.model, self.jobs = model, []
+        self.model, self.rows, self.queued = model, [], []  # rows: jobs in the batch, in cache-row order
         self.cache = self.mask = self.logits = self.positions = None
+        self.fed: dict[str, int] = {}  # job name -> the token to feed at the next run
         self.clock = time.perf_counter() if clock is None else clock
         self.window = model.config.max_position_embeddings
+
+    @property
+    def jobs(self) -> list[Job]:
+        """The jobs not done yet: in the batch, then queued."""
+        return [j for j in self.rows if not j.finish_reason] + self.queued
 
     def now(self) -> float:
         return time.perf_counter() - self.clock
 
     def add(self, newcomers: list[Job]) -> None:
+        """Queue jobs; they are prefilled together at the next step."""
+        for job in newcomers:
+            if job.stopper is None:
+                job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
+        self.queued += newcomers
+
+    def _retire(self) -> None:
+        """Drop the rows whose jobs are done (finished or cancelled) from every tensor of the batch."""
+        keep = [i for i, j in enumerate(self.rows) if not j.finish_reason and not j.cancelled]
+        for job in self.rows:
+            if job.cancelled and not job.finish_reason:
+                job.finish_reason, job.end = "cancelled", self.now()
+        if len(keep) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in keep]
+        if not self.rows:
+            self.cache = self.mask = self.logits = self.positions = None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.model.device)
+        kv_cache.select_rows(self.cache, index)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        self.cache, self.mask = kv_cache.trim(self.cache, self.mask)
+
+    def _prefill(self, newcomers: list[Job]):
         device = self.model.device
         batch = left_pad([j.prompt for j in newcomers], 0)
         mask = batch.attention_mask.to(device)
         room = max(j.new_tokens for j in newcomers)
         logits, cache = prefill(self.model, batch.input_ids, attention_mask=mask,
                                 position_ids=batch.position_ids, capacity=batch.input_ids.shape[1] + room)
-        lengths = mask.sum(dim=1)  # (B_new,) on the device
         for job in newcomers:
             job.start = self.now()
-            if job.stopper is None:
-                job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
-        if self.jobs:
-            self.cache, self.mask = kv_cache.join(self.cache, self.mask, cache, mask)
-            self.logits = torch.cat([self.logits, logits])
-            self.positions = torch.cat([self.positions, lengths])
-        else:
-            self.cache, self.mask, self.logits, self.positions = cache, mask, logits, lengths
-        self.jobs += newcomers
+        return logits, cache, mask, mask.sum(dim=1)  # lengths (B_new,) on the device
+
+    def run(self) -> list:
+        """One step's model calls: retire, decode the tokens fed last step (one batched call), prefill and join
+        the newcomers. Returns (job, (1, V) logits, None) for every row."""
+        self._retire()
+        if self.rows:
+            tokens = torch.tensor([self.fed.pop(j.name) for j in self.rows], dtype=torch.long, device=self.model.device)
+            self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)  # (B, S + 1)
+            self.logits, self.cache = decode_step(self.model, tokens, self.cache, attention_mask=self.mask,
+                                                  positions=self.positions)
+            self.positions = self.positions + 1
+        newcomers = [j for j in self.queued if not j.cancelled]
+        for job in self.queued:
+            if job.cancelled:
+                job.finish_reason, job.end = "cancelled", self.now()
+        self.queued = []
+        if newcomers:
+            logits, cache, mask, lengths = self._prefill(newcomers)
+            if self.rows:
+                self.cache, self.mask = kv_cache.join(self.cache, self.mask, cache, mask)
+                self.logits = torch.cat([self.logits, logits])
+                self.positions = torch.cat([self.positions, lengths])
+            else:
+                self.cache, self.mask, self.logits, self.positions = cache, mask, logits, lengths
+            self.rows += newcomers
+        return [(job, self.logits[i:i + 1], None) for i, job in enumerate(self.rows)]
+
+    def feed(self, job: Job, tokens: list[int], accepted: int) -> None:
+        self.fed[job.name] = tokens[-1]
+
+    def finish(self, job: Job, reason: str, stamp: float) -> None:
+        job.finish_reason, job.end = reason, stamp  # its row leaves at the next run
 
     def step(self) -> list[tuple[Job, int]]:
-        """One token for every job; returns what was emitted. Finished and cancelled jobs leave the batch."""
+        """One step of the one loop (generation.step): one token for every job. Returns what was emitted."""
         if not self.jobs:
             return []
-        tokens = [(j.pick or greedy)(self.logits[i])[0] for i, j in enumerate(self.jobs)]
-        stamp, emitted, keep = self.now(), [], []
-        for row, (job, token) in enumerate(zip(self.jobs, tokens)):
-            if job.cancelled:
-                job.finish_reason, job.end = "cancelled", stamp
-                continue
-            emitted.append((job, token))
-            reason = job.emit(token, stamp)
-            if reason:
-                job.finish_reason, job.end = reason, stamp
-            else:
-                keep.append(row)
-        device = self.model.device
-        tokens = torch.tensor(tokens, dtype=torch.long, device=device)
-        if len(keep) < len(self.jobs):  # drop finished rows from every tensor of the batch
-            self.jobs = [self.jobs[i] for i in keep]
-            if not self.jobs:
-                self.cache = self.mask = self.logits = self.positions = None
-                return emitted
-            index = torch.tensor(keep, dtype=torch.long, device=device)
-            kv_cache.select_rows(self.cache, index)
-            self.mask, tokens, self.positions = self.mask[index], tokens[index], self.positions[index]
-            self.cache, self.mask = kv_cache.trim(self.cache, self.mask)
-        self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)  # (B, S + 1)
-        self.logits, self.cache = decode_step(self.model, tokens, self.cache, attention_mask=self.mask,
-                                              positions=self.positions)
-        self.positions = self.positions + 1
-        return emitted
+        return [(job, token) for job, token, _, _ in step(self)]
 
 
 def run_schedule(model, jobs: list[Job], max_batch: int, continuous: bool) -> list[Job]:
@@ -168,20 +173,6 @@ def run_schedule(model, jobs: list[Job], max_batch: int, continuous: bool) -> li
             batch.add(newcomers)
         batch.step()
     return jobs
-
-
-def throughput_latency(model, prompt: list[int], batch_sizes: list[int], new_tokens: int) -> list[dict]:
-    """The same prompt B times in one static batch, exactly new_tokens each: aggregate tokens per second
-    and the latency every request sees (they all finish together)."""
-    rows = []
-    for size in batch_sizes:
-        jobs = [Job(f"r{i}", prompt, new_tokens) for i in range(size)]
-        start = time.perf_counter()
-        run_schedule(model, jobs, size, continuous=False)
-        seconds = time.perf_counter() - start
-        rows.append({"batch": size, "seconds": seconds, "tokens_per_s": size * new_tokens / seconds,
-                     "latency_s": seconds})
-    return rows
 
 
 REJECTED = "rejected"  # a scheduler's verdict, not a stop: the request never ran (the memory could not hold it)
@@ -341,31 +332,11 @@ class PagedBatch:
         self.preempted += 1
         self.events.append((stamp, job.name, "preempted"))
 
-    def step(self) -> list[tuple[Job, int]]:
-        """One step: admit what fits, run prompt chunks within the budget, pick one token for every job that has
-        logits, make room for the next (preempting if it must), and run one batched decode step. Returns what
-        was emitted."""
-        if not self.jobs:
-            return []
-        self._admit()
-        decoding = sum(1 for j in self.running if j.name in self.logits)
-        self._prefill(float("inf") if self.token_budget is None else self.token_budget - decoding)
-        stamp, emitted = self.now(), []
-        for job in list(self.running):
-            if job.cancelled:
-                self._leave(job, "cancelled", stamp)
-                continue
-            if job.name not in self.logits:
-                continue  # its prompt is still being read
-            token = (job.pick or greedy)(self.logits.pop(job.name))[0]
-            emitted.append((job, token))
-            reason = job.emit(token, stamp)
-            if reason:
-                self._leave(job, reason, stamp)
-            else:
-                self.seqs[job.name].tokens.append(token)
+    def _decode(self, stamp: float) -> int:
+        """One batched decode step for every running job with a token to feed (making room first, preempting the
+        most recently admitted job while the pool is dry). Returns how many rows it ran."""
         ready = lambda: [j for j in self.running if self.seqs[j.name].computed == len(self.seqs[j.name].tokens) - 1]  # noqa: E731
-        for job in ready():  # each needs a slot for the token it feeds next
+        for job in ready():  # each needs a slot for the token it feeds
             seq = self.seqs[job.name]
             while job in self.running:
                 try:
@@ -373,8 +344,6 @@ class PagedBatch:
                     break
                 except OutOfBlocks:
                     self._preempt(self.running[-1], stamp)  # the most recently admitted (maybe this very job)
-        held = sum(len(j.prompt) + j.new_tokens for j in self.running)
-        self.memory.append((stamp, self.pool.manager.num_used, held))
         rows = ready()
         if rows:
             seqs = [self.seqs[j.name] for j in rows]
@@ -383,7 +352,34 @@ class PagedBatch:
             logits, _ = decode_step(self.model, tokens, view, attention_mask=view.attention_mask(1),
                                     positions=view.positions())
             self.logits.update({j.name: logits[i] for i, j in enumerate(rows)})
-        return emitted
+        return len(rows)
+
+    def run(self) -> list:
+        """One step's model calls: the cancelled leave; the tokens fed last step are decoded in one batched call;
+        waiting jobs are admitted; prompts are read within what is left of the token budget. Returns
+        (job, (1, V) logits, None) for every job that has logits to pick from."""
+        stamp = self.now()
+        for job in [j for j in self.jobs if j.cancelled]:
+            self._leave(job, "cancelled", stamp)
+        decoded = self._decode(stamp)
+        self._admit()
+        self._prefill(float("inf") if self.token_budget is None else self.token_budget - decoded)
+        held = sum(len(j.prompt) + j.new_tokens for j in self.running)
+        self.memory.append((self.now(), self.pool.manager.num_used, held))
+        return [(job, self.logits.pop(job.name)[None], None) for job in list(self.running) if job.name in self.logits]
+
+    def feed(self, job: Job, tokens: list[int], accepted: int) -> None:
+        self.seqs[job.name].tokens += tokens  # the last one is fed at the next step
+
+    def finish(self, job: Job, reason: str, stamp: float) -> None:
+        self._leave(job, reason, stamp)
+
+    def step(self) -> list[tuple[Job, int]]:
+        """One step of the one loop (generation.step): decode, admit, read prompts within the budget, and pick one
+        token for every job that has logits. Returns what was emitted."""
+        if not self.jobs:
+            return []
+        return [(job, token) for job, token, _, _ in step(self)]
 
 
 def run_paged(model, jobs: list[Job], pool, policy: str = "preempt", max_batch: int = 8,

@@ -6,8 +6,8 @@ linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8
 float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`) and
 `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)` returns the model in one
 of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the server run it as
-any model. Also the two bandwidth measurements a roofline needs: the machine's streaming read rate
-and each kernel's own rate on this model's shapes, with matrices cycled beyond the caches.
+any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
+measure/quality.py for agreement and perplexity.)
 Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
 with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
 the file), so the 4-bit formats lose nothing but rounding.
@@ -16,13 +16,11 @@ What it does not do: calibrate, quantize activations or the KV cache, or run the
 """
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
-from .forward import run_model
 from .model import Linear, Model
 
 # name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
@@ -163,62 +161,3 @@ def convert(model: Model, name: str, head: str | None = None) -> Model:
                           down=make_linear(weight(layer.down), kind, dtype)) for layer in model.layers]
     out.format = name
     return out
-
-
-def read_bandwidth(megabytes: int = 1024, repeats: int = 3, device="cpu") -> float:
-    """Bytes per second the machine streams from memory: a sum over a buffer far larger than the caches
-    (each byte read once), best of `repeats`. This is the ceiling a decode step's weight read can reach."""
-    buf = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        float(buf.sum())
-        best = min(best, time.perf_counter() - start)
-    return buf.numel() * 4 / best
-
-
-def kernel_bandwidth(name: str, shapes: list[tuple[int, int]], copies: int = 8, repeats: int = 3) -> float:
-    """Bytes per second one format's kernel reads on matrices of these (out, in) shapes, batch 1, with enough
-    copies of each that they do not fit the caches (so every call reads from memory, as in decode)."""
-    dtype, kind, _ = FORMATS[name]
-    layers = [make_linear(torch.randn(n, k) * 0.02, kind, dtype) for _ in range(copies) for n, k in shapes]
-    xs = {k: torch.randn(1, k, dtype=dtype) for _, k in shapes}
-    inputs = [xs[k] for _ in range(copies) for _, k in shapes]
-    for layer, x in zip(layers, inputs):
-        layer(x)  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for layer, x in zip(layers, inputs):
-            layer(x)
-        best = min(best, time.perf_counter() - start)
-    return sum(layer.nbytes for layer in layers) / best
-
-
-@torch.inference_mode()
-def log_probs(model, ids: list[int]) -> torch.Tensor:
-    """Next-token log-probabilities at every position of one sequence, one pass, no cache. (T, V) float32."""
-    x = torch.tensor([ids], device=model.device)  # (1, T)
-    logits, _ = run_model(model, x, None, keep=0)  # (1, T, V)
-    return torch.log_softmax(logits[0], dim=-1)
-
-
-def agreement(reference: Model, model: Model, sequences: list[list[int]], starts: list[int] | None = None) -> dict:
-    """How close `model` is to `reference` on the same token sequences (teacher forcing: both read the same
-    tokens): the fraction of positions whose top token agrees, and the mean KL(reference || model) in nats,
-    over each sequence's positions from its start on (for example: the answer only, not the prompt)."""
-    agree = total = 0
-    kl = 0.0
-    for ids, start in zip(sequences, starts or [0] * len(sequences)):
-        p, q = log_probs(reference, ids)[start:], log_probs(model, ids)[start:]  # (T', V)
-        agree += int((p.argmax(-1) == q.argmax(-1)).sum())
-        kl += float((p.exp() * (p - q)).sum())
-        total += p.shape[0]
-    return {"top1_agreement": agree / total, "kl": kl / total, "positions": total}
-
-
-def perplexity(model: Model, ids: list[int]) -> float:
-    """exp(mean negative log-likelihood of each next token of a text): lower is better. Example: uniform over V -> V"""
-    lp = log_probs(model, ids)[:-1]  # (T-1, V): predictions for tokens 1..T-1
-    nll = -lp.gather(1, torch.tensor(ids[1:], device=lp.device)[:, None]).mean()
-    return float(torch.exp(nll))

@@ -1,6 +1,6 @@
 """Pictures of measured speed and memory: cache timings, KV memory, budgets, prefill and decode, batching.
 
-What it does: draws data that kv_cache.py, bench.py and batching.py measured; every plot_* takes
+What it does: draws data that the measure/ modules measured; every plot_* takes
 data (and ax=None where it is one panel) and returns the Axes (or the Figure for multi-panel views).
 What it does not do: measure anything.
 """
@@ -152,7 +152,7 @@ def plot_race(names: list[str], tokens_per_s: list[float], ax=None, title: str =
 
 def plot_layout_gains(rows: list[dict], threshold: float, ax=None,
                       title: str = "The same matrix, read by columns instead of rows"):
-    """One bar per matrix (engine_speed.layout_gains): how many times faster one token's product is with the
+    """One bar per matrix (measure.race.layout_gains): how many times faster one token's product is with the
     matrix stored by columns; the dashed line is the gain the model asks for before it switches."""
     ax = axes_or_new(ax, (6.5, 2.8))
     labels = [f"{r['matrix']} {r['shape'][0]}x{r['shape'][1]}" for r in rows]
@@ -299,5 +299,37 @@ def plot_block_sizes(rows: list[dict], bytes_per_token: float, ax=None,
     twin.plot(sizes, [r["table_entries"] for r in rows], "s--", color=PALETTE[1], label="table entries")
     twin.set_yscale("log")
     twin.set_ylabel("block-table entries (log)", color=PALETTE[1])
+    ax.set_title(title)
+    return ax
+
+
+def plot_chunked_prefill(labels: list[str], max_gaps: list[float], tokens_per_s: list[float], ax=None,
+                         title: str = "A long prompt arrives: the running request's longest wait"):
+    """Bars: the longest gap between a running request's tokens for each chunk size (labels); dots on a second
+    axis: tokens per second over the same run, so the price of small chunks shows beside what they buy."""
+    ax = axes_or_new(ax, (7, 3))
+    bars = ax.bar(labels, max_gaps, color=PALETTE[0])
+    for bar, v in zip(bars, max_gaps):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), f"{v:.2f} s", ha="center", va="bottom")
+    ax.set_xlabel("prompt tokens per step (token budget)")
+    ax.set_ylabel("longest gap between tokens (s)")
+    rate = ax.twinx()
+    rate.plot(labels, tokens_per_s, "o-", color=PALETTE[3])
+    rate.set_ylabel("tokens per second (both requests)", color=PALETTE[3])
+    rate.set_ylim(0, max(tokens_per_s) * 1.3)
+    ax.set_title(title)
+    return ax
+
+
+def plot_serving_load(rates: list[float], figures: dict[str, list[float]], ax=None, ylabel: str = "p99 time between tokens (s)",
+                      title: str = "The server under load"):
+    """One line per configuration: a latency figure (for example p99 time between tokens) against the arrival rate."""
+    ax = axes_or_new(ax, (6, 3))
+    for i, (name, values) in enumerate(figures.items()):
+        ax.plot(rates, values, "o-", color=PALETTE[i % len(PALETTE)], label=name)
+    ax.set_xlabel("requests per second (Poisson arrivals)")
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.legend()
     ax.set_title(title)
     return ax

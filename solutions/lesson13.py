@@ -23,3 +23,7 @@ def shared_blocks(prompts, block_size):
 
 def predict_ttft(ttft_no_hit_s, prompt_tokens, cached_tokens):
     return ttft_no_hit_s * (prompt_tokens - cached_tokens) / prompt_tokens
+
+
+def steps_to_read(prompt_tokens, token_budget, running):
+    return -(-prompt_tokens // (token_budget - running))

@@ -98,7 +98,7 @@ def test_no_import_cycle_function_local_imports_included(sources):
     assert find_cycle(edges) is None, f"import cycle: {' -> '.join(find_cycle(edges))}"
 
 
-@pytest.mark.parametrize("module", ["forward", "sampling", "kv_cache", "paged", "layout", "model", "formats"])
+@pytest.mark.parametrize("module", ["forward", "request", "sampling", "kv_cache", "paged", "layout", "model", "formats"])
 def test_runner_caches_and_pickers_never_reach_the_loop(sources, module):
     """ENGINE.md's layers: a runner, a cache or a picker knows no loop (not even through another module)."""
     below = reachable(graph(sources), f"course_lib.{module}")
@@ -135,3 +135,16 @@ def test_one_place_calls_a_model_with_a_cache(sources):
     calls = {name: found for name, found in calls.items() if found}
     assert list(calls) == ["course_lib.forward"] and len(calls["course_lib.forward"]) == 1, calls
     assert calls["course_lib.forward"][0].startswith("run_model:")
+
+
+def test_both_runners_and_every_cache_meet_the_declared_contracts(tiny):
+    from course_lib.forward import Runner
+    from course_lib.kv_cache import Cache, KVCache, new_cache
+    from course_lib.model import Model
+    from course_lib.paged import PagedKVCache, Sequence
+    ours = Model.from_transformers(tiny)
+    assert isinstance(tiny, Runner) and isinstance(ours, Runner)
+    pool = PagedKVCache.for_model(ours, 4)
+    caches = [new_cache(ours, 1, 8), pool.view([Sequence([1, 2])])]
+    assert all(isinstance(c, Cache) for c in caches) and isinstance(caches[0], KVCache)
+    assert not isinstance(new_cache(tiny, 1, 8), Cache)  # transformers' own: kv_cache.length_of / rollback translate

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from course_lib.bench import SECTIONS, format_report, parse_only, run, targets
+from course_lib.measure.bench import SECTIONS, format_report, parse_only, run, targets
 
 
 def test_quick_benchmark_reports_every_target(model, tokenizer):
@@ -98,5 +98,21 @@ def test_paged_section_reports_its_keys(model, tokenizer):
 def test_the_bench_times_widget_views_without_importing_widgets():
     from pathlib import Path
     import re
-    source = (Path(__file__).resolve().parents[1] / "course_lib" / "bench.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "course_lib" / "measure" / "bench.py").read_text()
     assert not re.findall(r"^\s*(?:from|import)\s+\S*widgets", source, re.M)  # compute does not import the UI layer
+
+
+@pytest.mark.slow
+def test_serving_load_section_reports_its_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="serving_load", progress=False)
+    s = result["serving_load"]
+    configs = {"contiguous", "paged", "paged_chunked"}
+    assert set(s["configs"]) == configs and s["rates"]
+    for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "goodput_rps", "tokens_per_s"):
+        assert set(s[key]) == configs, key
+        assert all(len(v) == len(s["rates"]) and all(x >= 0 for x in v) for v in s[key].values()), key
+    assert all(f == [s["requests_per_rate"]] * len(s["rates"]) for f in s["finished"].values())  # nothing lost
+    assert s["same_answers"] is True and s["decode_gap_same_tokens"] is True
+    assert set(s["max_decode_gap_s"]) == {"whole", "chunked"}
+    names = [what for what, _, _ in targets(result)]
+    assert any("chunked prefill cuts p99" in n for n in names) and any("answered" in n for n in names)

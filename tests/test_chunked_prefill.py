@@ -2,7 +2,6 @@
 of one whole prefill (within 1e-4 in float32) on either cache and the same greedy tokens; a long prompt no longer
 stalls the running requests; admission keeps headroom; what can never fit is refused before any token."""
 import pytest
-import torch
 
 from course_lib import batching
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids

@@ -219,6 +219,9 @@ def test_lesson13():
     assert not lesson13.check_shared_blocks(  # shared by block content alone, ignoring what came before
         lambda prompts, b: len({tuple(p[i:i + b]) for p in prompts for i in range(0, len(p), b)}))
     assert not lesson13.check_ttft_prediction(lambda t, n, c: t * c / n)  # the cached share, not the computed one
+    assert lesson13.check_steps_to_read(s.steps_to_read)
+    assert not lesson13.check_steps_to_read(lambda p, b, r: -(-p // b))  # forgot the running requests' tokens
+    assert not lesson13.check_steps_to_read(lambda p, b, r: p // (b - r))  # forgot the last, partial chunk
 
 
 def test_lesson14():

@@ -7,7 +7,8 @@ import torch
 
 from course_lib import formats
 from course_lib.context import chat_ids
-from course_lib.engine_speed import generate_exact
+from course_lib.measure.race import generate_exact
+from course_lib.measure import quality
 from course_lib.generation import generate
 from course_lib.batching import generate_static
 from course_lib.model import Model
@@ -83,10 +84,10 @@ def test_quality_against_float32_is_measured(ours, converted, tokenizer):
     prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in QUESTIONS]
     sequences = [p + generate_exact(ours, tokenizer, p, 16) for p in prompts]
     starts = [len(p) - 1 for p in prompts]
-    same = formats.agreement(ours, ours, sequences, starts)
+    same = quality.agreement(ours, ours, sequences, starts)
     assert same["top1_agreement"] == 1.0 and abs(same["kl"]) < 1e-6
     for name in ("bfloat16", "int8", "int4"):
-        q = formats.agreement(ours, converted[name], sequences, starts)
+        q = quality.agreement(ours, converted[name], sequences, starts)
         assert q["top1_agreement"] >= 0.9 and 0 < q["kl"] < 0.1, (name, q)
 
 
@@ -113,5 +114,5 @@ def test_unknown_format_and_wrong_start_are_refused(ours, converted):
 def test_perplexity_is_finite_and_ordered(ours, converted, tokenizer):
     text = (Path(__file__).resolve().parents[1] / "data" / "texts" / "english_prose.txt").read_text()
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:256]
-    p32, p4 = formats.perplexity(ours, ids), formats.perplexity(converted["int4"], ids)
+    p32, p4 = quality.perplexity(ours, ids), quality.perplexity(converted["int4"], ids)
     assert 1 < p32 < 100 and abs(p4 - p32) / p32 < 0.1

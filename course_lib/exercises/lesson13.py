@@ -55,3 +55,18 @@ def check_ttft_prediction(predict_ttft) -> bool:
             return verdict(False, "", f"for {case} you said {got!r}, expected {want:.4f}. Hint: only the tokens that "
                            "are not cached are computed")
     return verdict(True, "the next cell compares this rule with the measurement", "")
+
+
+def check_steps_to_read(steps_to_read) -> bool:
+    """steps_to_read(prompt_tokens, token_budget, running) -> steps a PagedBatch takes to read a prompt when
+    `running` requests decode one token each per step and the prompt gets the rest of the budget."""
+    for case in [(1100, 128, 1), (100, 256, 3), (1000, 64, 8), (127, 128, 1), (128, 128, 1), (5, 16, 0)]:
+        ok, got = safely(steps_to_read, *case)
+        if not ok:
+            return verdict(False, "", got)
+        prompt, budget, running = case
+        want = -(-prompt // (budget - running))
+        if got != want:
+            return verdict(False, "", f"for {case} you said {got!r}, expected {want}. Hint: the running requests take "
+                           "one token of the budget each, every step; a last, partial chunk is one more step")
+    return verdict(True, "a 1,100-token prompt beside one running request takes 9 steps at a budget of 128", "")

@@ -3,15 +3,18 @@
 What it does: `cached_run` times generation.generate (the one loop) token by token, with no stop token;
 `uncached_run` is lesson 07's deliberate baseline: every step re-runs the whole sequence through
 forward.run_model with no cache (the one loop that is not the engine's, on purpose: it is what the cache
-saves); `verify_cost` times one pass over k + 1 new positions on a cache that is rolled back after each pass.
+saves); `verify_cost` times one pass over k + 1 new positions on a cache that is rolled back after each pass;
+`throughput_latency` times static batches of several sizes (lesson 09).
 What it does not do: change what the engine computes (the same tokens either way: tests check it).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from ..batching import Job, run_schedule
 from ..forward import run_model
 from ..generation import check_request, generate, prefill
 from ..kv_cache import length_of, positions_processed, rollback
@@ -73,3 +76,17 @@ def verify_cost(model, prompt_ids: list[int], ks: list[int], repeats: int = 5) -
 
         out[k] = best_of(one_pass, repeats, model.device)[0] * 1000
     return out
+
+
+def throughput_latency(model, prompt: list[int], batch_sizes: list[int], new_tokens: int) -> list[dict]:
+    """The same prompt B times in one static batch, exactly new_tokens each: aggregate tokens per second
+    and the latency every request sees (they all finish together)."""
+    rows = []
+    for size in batch_sizes:
+        jobs = [Job(f"r{i}", prompt, new_tokens) for i in range(size)]
+        start = time.perf_counter()
+        run_schedule(model, jobs, size, continuous=False)
+        seconds = time.perf_counter() - start
+        rows.append({"batch": size, "seconds": seconds, "tokens_per_s": size * new_tokens / seconds,
+                     "latency_s": seconds})
+    return rows

@@ -219,7 +219,7 @@ print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, se
 # decode step with a short and a long cache.
 
 # %%
-from course_lib.bench import decode_seconds
+from course_lib.measure.bench import decode_seconds
 short, long = decode_seconds(model, tokenizer, [64, 1024], steps=4)
 print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.1f} ms with 1,024; "
       f"the extra attention over the longer cache is {(long - short) / long:.0%} of the long step")

@@ -19,7 +19,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import course_lib
 from course_lib import plots
-from course_lib.bench import prefill_seconds, decode_seconds, memory_bandwidth, weight_bytes
+from course_lib.measure.bench import prefill_seconds, decode_seconds, memory_bandwidth, weight_bytes
 from course_lib.kv_cache import model_kv_bytes_per_token
 from course_lib.context import filler_ids
 from course_lib.anatomy import flops_per_token
@@ -137,7 +137,7 @@ print("GPU runs committed:", sum(r["machine"]["device"].startswith("cuda") for r
 # many? The profiler counts the operators one decode step runs, here:
 
 # %%
-from course_lib.engine_speed import decode_profile
+from course_lib.measure.race import decode_profile
 profile = decode_profile(model, filler_ids(tokenizer, 64), steps=2)
 print(f"one decode step runs {profile['aten_calls_per_step']:.0f} torch operator calls (nested ones included)")
 

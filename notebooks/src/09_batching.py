@@ -17,7 +17,8 @@ import statistics
 import matplotlib.pyplot as plt
 import course_lib
 from course_lib import plots_perf
-from course_lib.batching import left_pad, padding_waste, generate_static, Job, run_schedule, throughput_latency
+from course_lib.batching import left_pad, padding_waste, generate_static, Job, run_schedule
+from course_lib.measure.speed import throughput_latency
 from course_lib.context import chat_ids
 from course_lib.generation import generate
 

@@ -30,7 +30,7 @@ from course_lib.layout import LAYOUT_GAIN
 from course_lib.context import story_ids, filler_ids
 from course_lib.context import context_ids
 from course_lib.generation import generate, prefill, decode_step
-from course_lib.engine_speed import race, long_context, decode_profile, layout_gains, our_step_seconds
+from course_lib.measure.race import race, long_context, decode_profile, layout_gains, our_step_seconds
 
 model, tokenizer = course_lib.load_model()
 ours = m.Model.from_transformers(model)

@@ -10,14 +10,17 @@
 # **You will**
 # - measure the memory a contiguous cache reserves against what a paged one holds, on one trace;
 # - read a block table, and see a long document's blocks shared by several questions;
-# - time the first token with and without a prefix hit, and run a full pool under two policies.
+# - time the first token with and without a prefix hit, and run a full pool under two policies;
+# - watch a long prompt stall the running requests, then read it in chunks within a token budget, and
+#   replay a small mixed load against the server both ways.
 
 # %% [markdown]
 # ## Set-up
 #
 # The course's own model (lesson 11) on the library's weights. The paged cache lives in
 # `course_lib/paged.py` (the block manager and the pool), the scheduler in `course_lib/batching.py`
-# (`PagedBatch`), the lesson's experiments in `course_lib/paged_runs.py`: read them beside this notebook.
+# (`PagedBatch`), the lesson's experiments in `course_lib/measure/trace.py` and the load generator in
+# `course_lib/measure/load.py`: read them beside this notebook.
 
 # %%
 import time
@@ -25,7 +28,8 @@ import matplotlib.pyplot as plt
 import torch
 import course_lib
 from IPython.display import display
-from course_lib import paged, paged_runs, plots, plots_perf, widgets
+from course_lib import paged, plots, plots_perf, widgets
+from course_lib.measure import trace as paged_runs
 from course_lib.batching import Job, PagedBatch
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
 from course_lib.generation import end_of_turn_ids
@@ -118,7 +122,7 @@ batch.step()  # one more decode step for the four
 step_s = time.perf_counter() - start
 gather_s = paged_runs.gather_seconds(pool, [batch.seqs[n] for n in names])
 print(f"one decode step for the four: {step_s * 1000:.0f} ms, of which gathering their pages into one tensor per "
-      f"layer about {gather_s * 1000:.0f} ms (section 6)")
+      f"layer about {gather_s * 1000:.0f} ms (section 7)")
 
 # %% [markdown]
 # A block is named by a hash of its tokens chained with its parent's name (`paged.block_hash`), so a
@@ -233,7 +237,103 @@ print("health:", httpx.get(server.url + "/health").json())
 server.stop()
 
 # %% [markdown]
-# ## 6. What production servers add
+# ## 6. A long prompt arrives: chunked prefill
+#
+# Until now the scheduler read each new prompt whole, inside one step. While it does, every running
+# request waits: no token for anyone until the newcomer's whole prompt has been through the model. Engines
+# avoid that with a **token budget** per step: each running request decodes one token, and what is left of
+# the budget goes to prompts, in chunks (vLLM turns this on by default). A chunk is prefill on a cache that
+# already holds the start of the prompt, so the logits are those of one whole prefill, up to float rounding
+# (tests/test_chunked_prefill.py checks it within 1e-4 for chunks of 1 to 33 tokens).
+#
+# Below, one request is writing a story when the handbook question (about 1,100 tokens) arrives. We
+# measure the longest gap between the story's tokens, and the tokens per second over the whole run, for
+# several budgets (`None`: the whole prompt in one step, as before).
+
+# %%
+from course_lib.measure.load import decode_gaps
+
+story = chat_ids(tokenizer, "Write a short story about a robot who learns to paint.")
+document = handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
+budgets = [None, 512, 256, 128, 64]
+gap_runs = {b: decode_gaps(ours, story, document, b) for b in budgets}
+for b, r in gap_runs.items():
+    print(f"budget {str(b):>5}: longest gap {r['max_gap_s']:.2f} s, median gap {r['median_gap_s']:.3f} s, "
+          f"{r['tokens_per_s']:.1f} tokens/s")
+print("same tokens for every budget:", all(r["tokens"] == gap_runs[None]["tokens"] for r in gap_runs.values()))
+
+# %%
+labels = ["whole" if b is None else str(b) for b in budgets]
+plots_perf.plot_chunked_prefill(labels, [gap_runs[b]["max_gap_s"] for b in budgets],
+                                [gap_runs[b]["tokens_per_s"] for b in budgets])
+plt.show()
+
+# %% [markdown]
+# Read the bars from left to right. With the whole prompt in one step, the story's longest wait is the
+# whole prompt's prefill. A budget caps that wait near one chunk's prefill plus a decode step, so it
+# shrinks with the budget. The dots are the price: each chunk is one more call through the model, and
+# it re-reads the keys and values of the chunks before it (this cache gathers them into a copy each
+# call: lesson 16's subject), so small chunks lose some throughput. Where the two curves cross the
+# latency you care about is the budget to pick; the numbers above are this machine's, in this run.
+#
+# The same comparison through the server: a short mixed trace (chats, questions on the shared handbook,
+# and long documents of their own) arriving at random, replayed over HTTP on loopback against the paged
+# server with whole prefill and with a budget of 128 tokens and prefix caching. Greedy, so both must
+# give the same answers.
+
+# %%
+from course_lib.measure.load import mixed_trace, replay, summarize
+
+trace = mixed_trace(rate=0.5, n=6, seed=1, max_tokens=24)
+print("trace:", [(r.kind, round(r.at, 1)) for r in trace])
+served = {}
+for name, options in {"whole prefill": {"prefix_caching": False},
+                      "chunked + prefix": {"token_budget": 128}}.items():
+    server = start_server(ours, tokenizer, free_port(), kv_cache="paged", max_tokens_cap=24, **options)
+    outcomes, wall = replay(server.url, trace)
+    server.stop()
+    served[name] = (outcomes, summarize(outcomes, wall, ttft_target_s=10, gap_target_s=1))
+
+# %%
+for name, (outcomes, s) in served.items():
+    print(f"{name:<17} first token p50 {s['ttft_p50_s']:.2f} s p99 {s['ttft_p99_s']:.2f} s | between tokens "
+          f"p50 {s['itl_p50_s']:.3f} s p99 {s['itl_p99_s']:.3f} s | {s['tokens_per_s']:.1f} tok/s | "
+          f"{s['finished']} of {s['requests']} answered")
+texts = [[o.text for o in outcomes] for outcomes, _ in served.values()]
+print("same answers both ways:", texts[0] == texts[1])
+
+# %% [markdown]
+# Six requests are a small sample: p99 here is close to the worst gap. The bench's `serving_load`
+# section replays longer traces at several rates, on the contiguous cache too, and reports goodput
+# (requests that met a latency target per second): `python -m course_lib bench --only serving_load`.
+# The runs the course committed are in `data/benchmarks/` (each names its machine and date); the newest:
+
+# %%
+import json
+from pathlib import Path
+
+committed = sorted(Path("../data/benchmarks").glob("bench-*serving_load*.json"))
+if committed:
+    load = json.loads(committed[-1].read_text())
+    sl = load["serving_load"]
+    print(committed[-1].name, "|", load["machine"]["device"], load["threads"], "threads |", sl["requests_per_rate"],
+          "requests per rate")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    plots_perf.plot_serving_load(sl["rates"], sl["itl_p99_s"], ax=axes[0], title="p99 time between tokens")
+    plots_perf.plot_serving_load(sl["rates"], sl["ttft_p99_s"], ax=axes[1], ylabel="p99 time to first token (s)",
+                                 title="p99 time to first token")
+    plt.show()
+else:
+    print("no committed serving_load run: make one with python -m course_lib bench --only serving_load")
+
+# %% [markdown]
+# Read both panels together. Chunking bounds the wait between tokens for everybody else; what it can
+# cost is time to first token, since a long prompt is now read over several steps that also serve the
+# running requests (the right panel shows how much, in that run). The figures come from one run on one
+# machine; yours will differ, and a busy machine can reorder close lines.
+
+# %% [markdown]
+# ## 7. What production servers add
 #
 # The mechanism here is the one vLLM introduced as PagedAttention (Kwon et al., "Efficient Memory
 # Management for Large Language Model Serving with PagedAttention", SOSP 2023): blocks, block tables,
@@ -245,8 +345,8 @@ server.stop()
 # - **prefix sharing as a tree.** SGLang's RadixAttention keeps cached prefixes in a radix tree
 #   (Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs", 2024); vLLM's
 #   automatic prefix caching uses chained block hashes, as here;
-# - prefill in chunks mixed with decode steps, blocks swapped to CPU memory, copy-on-write for parallel
-#   samples, and one pool spread over many GPUs.
+# - prompt chunks and decode rows packed into one call (section 6 runs them as two calls in one step),
+#   blocks swapped to CPU memory, copy-on-write for parallel samples, and one pool spread over many GPUs.
 #
 # Seed 002 gives a full server two options: turn new requests away, or drop older conversations.
 # Section 4 measured a third, the one vLLM uses by default: pause a request and recompute it later,
@@ -262,6 +362,8 @@ server.stop()
 #   how much), and never changes the token.
 # - When the pool is full, preemption pauses and recomputes instead of refusing: every request finishes,
 #   with exactly the tokens it gets alone; the cost is the recomputed work.
+# - A token budget per step reads long prompts in chunks: the running requests keep getting tokens while
+#   a long prompt arrives (section 6 measured the longest wait against the budget, and what it costs).
 #
 # ---
 # ## Exercises
@@ -306,6 +408,17 @@ if ex.check_ttft_prediction(predict_ttft):
     if hit[1]["ttft_s"] > guess:
         print("slower than the rule: a pass has a cost of its own (every weight read once, lesson 08), "
               "so a few tokens take longer than their share of a long prompt's time")
+
+# %% [markdown]
+# **4.** Write `steps_to_read(prompt_tokens, token_budget, running)`: how many steps the scheduler of
+# section 6 takes to read a prompt while `running` other requests decode one token each per step.
+
+# %%
+def steps_to_read(prompt_tokens, token_budget, running):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_steps_to_read(steps_to_read)
 
 # %% [markdown]
 # **Next:** 14 · speculative decoding: several tokens checked in one pass, the same answer.

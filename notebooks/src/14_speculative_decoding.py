@@ -21,7 +21,7 @@ from IPython.display import HTML, display
 import course_lib
 from course_lib import formats, html_views
 from course_lib.context import chat_ids, edit_ids, story_ids
-from course_lib.engine_speed import generate_exact
+from course_lib.measure.race import generate_exact
 from course_lib.generation import generate, prefill
 from course_lib.model import Model
 from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, expected_tokens_per_verify,

@@ -2,7 +2,7 @@
 
 What it does: `engine_section` (lesson 11: our model against model.generate, short and long context),
 `formats_section` (lesson 12: every weight format's bytes, speed and quality), `paged_section` (lesson 13:
-paged_runs.bench_section), `speculative_section` (lesson 14: each drafter on two tasks) and
+measure.trace.bench_section), `speculative_section` (lesson 14: each drafter on two tasks) and
 `structured_section` (lesson 15: free against constrained JSON). Each returns the dict bench.run() files
 under the section's name; its keys are the JSON keys the issues name.
 What it does not do: run sections, print or save (bench.py does).
@@ -14,14 +14,14 @@ import time
 
 import torch
 
-from .context import filler_ids, story_ids
-from .measure.timers import median
+from ..context import filler_ids, story_ids
+from .timers import median
 
 
 def engine_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
-    from .engine_speed import long_context, our_step_seconds, race
-    from .model import Model
+    from .race import long_context, our_step_seconds, race
+    from ..model import Model
     ours = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
     story = story_ids(tokenizer)
@@ -50,10 +50,12 @@ def formats_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 12: every weight format of our model, batch 1: bytes per token, decode tokens per second (the
     median gap between tokens, prefill excluded, as for model.generate beside it), and quality against
     float32 on the bench's prompts (teacher-forced top-1 agreement and mean KL over the answers)."""
-    from .context import chat_ids
-    from .engine_speed import generate_exact, library_step_seconds, our_step_seconds
-    from .formats import FORMATS, agreement, convert, read_bandwidth
-    from .model import Model
+    from ..context import chat_ids
+    from .race import generate_exact, library_step_seconds, our_step_seconds
+    from ..formats import FORMATS, convert
+    from .memory import read_bandwidth
+    from .quality import agreement
+    from ..model import Model
     reference = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
     prompt, n = story_ids(tokenizer), 6 if quick else 48
@@ -87,12 +89,12 @@ def speculative_section(model, tokenizer, quick: bool = False, k: int = 4) -> li
     """Lesson 14: each drafter on two tasks (a grounded edit, where the answer copies the prompt, and free
     writing), float32, greedy, exactly n tokens: acceptance, tokens per verify step, tokens per second
     against plain greedy decoding of the same model in the same run (best of two each), same tokens."""
-    from .context import edit_ids
-    from .engine_speed import generate_exact
-    from .formats import convert
-    from .generation import generate
-    from .model import Model
-    from .speculative import ModelDrafter, PromptLookup, early_exit
+    from ..context import edit_ids
+    from .race import generate_exact
+    from ..formats import convert
+    from ..generation import generate
+    from ..model import Model
+    from ..speculative import ModelDrafter, PromptLookup, early_exit
     ours = Model.from_transformers(model, dtype=torch.float32)
     int4 = convert(ours, "int4")
     drafters = {"prompt_lookup": lambda: PromptLookup(3), "int4_model": lambda: ModelDrafter(int4, "int4 model"),
@@ -124,9 +126,9 @@ def structured_section(model, tokenizer, quick: bool = False) -> dict:
     parse and validate; milliseconds per token of the engine's mask, of the hand-written mask, and of a
     decode step (medians)."""
     import jsonschema
-    from .context import chat_ids
-    from .generation import generate
-    from .structured import ChoiceMask, MaskLog, generate_json, masked_pick, RECEIPT_SCHEMA, receipt_request, receipts
+    from ..context import chat_ids
+    from ..generation import generate
+    from ..structured import ChoiceMask, MaskLog, generate_json, masked_pick, RECEIPT_SCHEMA, receipt_request, receipts
     items = receipts()[:2] if quick else receipts()
     valid_free = valid_constrained = 0
     mask_s, decode_s = [], []
@@ -156,8 +158,8 @@ def structured_section(model, tokenizer, quick: bool = False) -> dict:
 
 
 def paged_section(model, tokenizer, quick: bool = False) -> dict:
-    """Lesson 13: the paged KV cache on the course's model (paged_runs.bench_section)."""
-    from .paged_runs import bench_section
+    """Lesson 13: the paged KV cache on the course's model (measure.trace.bench_section)."""
+    from .trace import bench_section
     return bench_section(model, tokenizer, quick)
 
 
@@ -176,11 +178,11 @@ def serving_load_section(model, tokenizer, quick: bool = False) -> dict:
     with chunked prefill (128 tokens per step) and prefix caching. Greedy, so every answer is checked against the
     same request alone on the same runner. Then, in one process, the longest gap of a running request while a
     long prompt is read, whole against chunked (max_decode_gap_s)."""
-    from .context import context_ids, handbook_ids, chat_ids
-    from .generation import generate
-    from .measure.load import decode_gaps, mixed_trace, replay, summarize
-    from .model import Model
-    from .serving import free_port, start_server
+    from ..context import context_ids, handbook_ids, chat_ids
+    from ..generation import generate
+    from .load import decode_gaps, mixed_trace, replay, summarize
+    from ..model import Model
+    from ..serving import free_port, start_server
     library = model if model.dtype == torch.float32 else model.float()
     ours = Model.from_transformers(library, dtype=torch.float32)
     rates = [1.0] if quick else [0.25, 0.5]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .batching import Job, PagedBatch, run_paged
-from .context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
-from .generation import end_of_turn_ids, generate
-from .kv_cache import model_kv_bytes_per_token
-from .paged import PagedKVCache, PagedView, blocks_for
-from .measure.timers import median
+from ..batching import Job, PagedBatch, run_paged
+from ..context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from ..generation import end_of_turn_ids, generate
+from ..kv_cache import model_kv_bytes_per_token
+from ..paged import PagedKVCache, PagedView, blocks_for
+from .timers import median
 
 SHORT_QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
                    "Write a haiku about rain.", "What is 12 times 7?")
@@ -122,7 +122,7 @@ def budget_blocks(run: TraceRun, share: float = 0.85) -> int:
 
 def bench_section(model, tokenizer, quick: bool = False) -> dict:
     """The bench's `paged` section (lesson 13) on the course's own model built on `model`'s weights."""
-    from .model import Model
+    from ..model import Model
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
     jobs, arrivals = trace_jobs(ours, tokenizer, 8 if quick else 96)
     if quick:

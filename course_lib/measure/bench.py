@@ -21,11 +21,11 @@ import torch
 
 from .bench_part2 import (engine_section, formats_section, paged_section, serving_load_section, speculative_section,
                           structured_section)
-from .context import filler_ids, story_ids
-from .generation import decode_step, prefill
-from .measure.speed import cached_run, uncached_run
-from .measure.timers import median
-from .runtime import describe_device, synchronize, time_it
+from ..context import filler_ids, story_ids
+from ..generation import decode_step, prefill
+from .speed import cached_run, uncached_run
+from .timers import median
+from ..runtime import describe_device, synchronize, time_it
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
@@ -56,15 +56,15 @@ def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> lis
 
 def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 1024, repeats: int = 3) -> float:
     """Bytes per second this machine streams from memory, measured the way decode reads weights: a sum over a
-    buffer far larger than the caches (formats.read_bandwidth; lessons 08 and 12 use the same ceiling)."""
-    from .formats import read_bandwidth
+    buffer far larger than the caches (measure.memory.read_bandwidth; lessons 08 and 12 use the same ceiling)."""
+    from .memory import read_bandwidth
     return read_bandwidth(megabytes, repeats, device)
 
 
 def loop_vs_generate(model, tokenizer, prompt_ids: list[int], n_new: int, repeats: int = 3) -> dict:
     """Tokens per second of generation.generate (the loop learners call) and of model.generate, both making
     exactly n_new greedy tokens. Warmed up, timed alternately, best of `repeats`."""
-    from .engine_speed import race
+    from .race import race
     r = race(model, model, tokenizer, prompt_ids, n_new, repeats)
     return {"tokens": n_new, "same_tokens": r["same_tokens"], "loop_tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"]}
@@ -86,7 +86,7 @@ def cache_ratios(model, tokenizer, prompt_ids: list[int], lengths: list[int]) ->
 
 
 def _load_section(model, tokenizer, quick):
-    from .loading import time_cached_load
+    from ..loading import time_cached_load
     return {"load_seconds": time_cached_load(str(model.device), str(model.dtype).split(".")[-1])}
 
 
@@ -109,7 +109,7 @@ def _prefill_section(model, tokenizer, quick):
 def detokenize_ms_per_token(tokenizer, n: int, last: int = 100) -> float:
     """Milliseconds per token of the streaming detokenizer plus a stop-string check, over the last `last` of
     n tokens of real text (constant per token if the decoder only decodes a short window)."""
-    from .generation import Stopper
+    from ..generation import Stopper
     ids = filler_ids(tokenizer, n)
     stopper = Stopper(tokenizer, set(), n + 1, n + 1, stop_strings=["THE END"])
     for token in ids[:-last]:
@@ -124,9 +124,9 @@ def _widgets_section(model, tokenizer):
     """Milliseconds of what each widget runs when a control moves (the same html_views functions its observers
     call; ipywidgets itself is not needed): the sampling explorer over one set of logits, the attention
     explorer over (L, H, T, T) weights, the tokenizer box after a pasted book. Medians where repeated."""
-    from .forward import forward_logits
-    from .html_views import attention_table, sampling_view, tokenizer_comparison
-    from .sampling import SamplingConfig
+    from ..forward import forward_logits
+    from ..html_views import attention_table, sampling_view, tokenizer_comparison
+    from ..sampling import SamplingConfig
     logits = forward_logits(model, story_ids(tokenizer))[0, -1].cpu()
     labels = {i: tokenizer.decode([i]) for i in torch.topk(logits, 60).indices.tolist()}
     sampling = []
@@ -347,7 +347,7 @@ def save(result: dict, folder: Path) -> list[Path]:
     paths = [json_path]
     if "prefill" in result and "decode" in result:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from . import plots_perf
+        from .. import plots_perf
         fig = plots_perf.plot_benchmark(result)
         FigureCanvasAgg(fig).print_png(str(folder / f"{name}.png"))
         import matplotlib.pyplot as plt
