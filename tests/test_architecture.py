@@ -148,3 +148,27 @@ def test_both_runners_and_every_cache_meet_the_declared_contracts(tiny):
     caches = [new_cache(ours, 1, 8), pool.view([Sequence([1, 2])])]
     assert all(isinstance(c, Cache) for c in caches) and isinstance(caches[0], KVCache)
     assert not isinstance(new_cache(tiny, 1, 8), Cache)  # transformers' own: kv_cache.length_of / rollback translate
+
+
+def test_every_module_imports_and_every_imported_name_exists():
+    """A module moved or a name renamed shows here at once, not in a notebook twenty minutes into the suite."""
+    import importlib
+    import pkgutil
+    import course_lib
+    for info in pkgutil.walk_packages(course_lib.__path__, "course_lib."):
+        importlib.import_module(info.name)
+    top = ROOT.parent
+    missing = []
+    for path in [*top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py"), *top.glob("tests/*.py"),
+                 *top.glob("scripts/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("course_lib"):
+                module = importlib.import_module(node.module)
+                missing += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if not hasattr(module, a.name) and not _is_submodule(node.module, a.name)]
+    assert not missing, missing
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(f"{package}.{name}") is not None

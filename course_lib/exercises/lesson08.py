@@ -2,7 +2,7 @@
 and a measured prefill/decode speed ratio."""
 from __future__ import annotations
 
-from ..bench import decode_seconds, prefill_seconds
+from ..measure.bench import decode_seconds, prefill_seconds
 from . import safely, verdict
 
 
