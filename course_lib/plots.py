@@ -254,3 +254,37 @@ def plot_parameter_map(parts: list[tuple[str, int]], ax=None, title: str = "Wher
     ax.set_xlim(0, max(millions) * 1.25)
     ax.set_title(title)
     return ax
+
+
+def plot_layer_head_map(scores, ax=None, title: str = "", label: str = "", diverging: bool = True):
+    """An (L, H) table as a heatmap: one row per layer (0 at the top), one column per head. diverging: a colour
+    scale centred on 0 (red and blue for the two signs), for effects that can go either way."""
+    import numpy as np
+    ax = axes_or_new(ax, (4, 6))
+    s = np.array(scores, dtype=float)
+    limit = float(np.abs(s).max()) or 1.0
+    image = ax.imshow(s, cmap="RdBu" if diverging else "Blues", vmin=-limit if diverging else 0, vmax=limit,
+                      aspect="auto")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(s.shape[1]))
+    ax.set_title(title, fontsize=10)
+    ax.figure.colorbar(image, ax=ax, fraction=0.08, pad=0.04, label=label)
+    return ax
+
+
+def plot_patching(recovered, tokens: list[str], ax=None, title: str = "Where the answer's information is"):
+    """(L + 1, P) fractions recovered by patching the residual stream at (layer, position): rows are the inputs of
+    blocks 0..L-1 and, last, the output of the final block; columns are the patched positions (tokens)."""
+    import numpy as np
+    ax = axes_or_new(ax, (6, 6))
+    r = np.array(recovered, dtype=float)
+    image = ax.imshow(r, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(tokens)), [token_label(t) for t in tokens], rotation=90, fontsize=8)
+    ax.set_yticks(range(0, r.shape[0], 5), [f"block {i} in" if i < r.shape[0] - 1 else "last out"
+                                              for i in range(0, r.shape[0], 5)], fontsize=8)
+    ax.set_xlabel("patched position")
+    ax.set_ylabel("residual stream at")
+    ax.set_title(title, fontsize=10)
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the clean answer recovered")
+    return ax

@@ -27,3 +27,23 @@ def strongest():
     scores = attention_weights(model, ids)[:, :, pieces.index(" they"), pieces.index(" bank")]  # (L, H)
     flat = int(scores.argmax())
     return flat // scores.shape[1], flat % scores.shape[1]
+
+
+# Section 8 (causal probes)
+patch_prediction = 1.0
+
+
+def most_important_head(effects):
+    flat = int(effects.argmin())
+    return flat // effects.shape[1], flat % effects.shape[1]
+
+
+def layer_effect(layer):
+    from course_lib import probes
+    ids = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
+    good, bad = probes.token_id(tokenizer, " Paris"), probes.token_id(tokenizer, " Berlin")
+    reference = [probes.answer_ids(tokenizer, f"What is the capital of {c}?", f"The capital of {c} is")
+                 for c in ["Italy", "Spain", "Japan", "Egypt", "Canada", "Brazil"]]
+    means = probes.mean_head_outputs(model, reference)
+    heads = [(layer, h) for h in range(model.config.num_attention_heads)]
+    return probes.ablated_metric(model, ids, good, bad, heads, means) - probes.ablated_metric(model, ids, good, bad, [])

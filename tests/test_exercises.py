@@ -107,6 +107,28 @@ def test_lesson04(eager, tokenizer):
     assert not lesson04.check_strongest_head(None, eager.model, tokenizer, text, " they", " bank")
 
 
+def test_lesson04_probes(model, tokenizer):
+    from course_lib import probes
+    s = solution(4, model, tokenizer)
+    clean = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
+    corrupt = probes.answer_ids(tokenizer, "What is the capital of Germany?", "The capital of Germany is")
+    good, bad = probes.token_id(tokenizer, " Paris"), probes.token_id(tokenizer, " Berlin")
+    assert lesson04.check_patch_prediction(s.patch_prediction, model, clean, corrupt, good, bad)
+    assert not lesson04.check_patch_prediction(0.5, model, clean, corrupt, good, bad)
+    assert not lesson04.check_patch_prediction(None, model, clean, corrupt, good, bad)
+    effects = torch.zeros(30, 9)
+    effects[23, 4], effects[5, 1] = -4.0, 2.0
+    assert lesson04.check_most_important_head(s.most_important_head(effects), effects)
+    assert not lesson04.check_most_important_head((5, 1), effects)  # the largest effect, not the most negative
+    reference = [probes.answer_ids(tokenizer, f"What is the capital of {c}?", f"The capital of {c} is")
+                 for c in ["Italy", "Spain", "Japan", "Egypt", "Canada", "Brazil"]]
+    means = probes.mean_head_outputs(model, reference)
+    assert lesson04.check_layer_effect(s.layer_effect, model, clean, good, bad, means)
+    one_head = lambda layer: probes.ablated_metric(model, clean, good, bad, [(layer, 0)], means) - \
+        probes.ablated_metric(model, clean, good, bad, [])  # noqa: E731 - one head, not the layer
+    assert not lesson04.check_layer_effect(one_head, model, clean, good, bad, means)
+
+
 def test_lesson05(model, tokenizer, capital_logits):
     s = solution(5, model, tokenizer)
     the_id = tokenizer.encode("The", add_special_tokens=False)[0]

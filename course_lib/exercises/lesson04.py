@@ -60,3 +60,43 @@ def check_strongest_head(answer, model, tokenizer, text: str, query: str, key: s
     ok = isinstance(answer, tuple) and tuple(answer) == want
     return verdict(ok, f"layer {want[0]}, head {want[1]} puts {float(scores.max()):.2f} of {query!r}'s attention on {key!r}",
                    f"you said {answer!r}. Take weights[:, :, q, k] (an L x H table) and find its largest entry")
+
+
+def check_patch_prediction(prediction, model, clean: list[int], corrupt: list[int], good: int, bad: int) -> bool:
+    """prediction: the fraction of the clean answer recovered when the LAST block's output at the LAST position is
+    copied from the clean run into the corrupted one. Measured here with probes.patch_residual."""
+    from ..probes import patch_residual
+    if not isinstance(prediction, (int, float)) or isinstance(prediction, bool):
+        return verdict(False, "", "give a number between 0 and 1 (or a little outside: patching can overshoot)")
+    measured = float(patch_residual(model, clean, corrupt, good, bad, positions=[len(clean) - 1])["recovered"][-1, 0])
+    ok = abs(prediction - measured) < 0.05
+    return verdict(ok, f"measured {measured:.3f}: after the last block only the final norm and the head remain, and "
+                   "they read that one vector", f"you predicted {prediction!r}, the measurement says {measured:.3f}. "
+                   "Hint: what is left of the model after the last block, at the last position?")
+
+
+def check_most_important_head(answer, effects) -> bool:
+    """answer: (layer, head) whose ablation lowers the Paris-over-Berlin logit difference the most (effects: (L, H))."""
+    from ..probes import top_heads
+    layer, head, e = top_heads(effects, 1, largest=False)[0]
+    ok = isinstance(answer, tuple) and tuple(int(x) for x in answer) == (layer, head)
+    return verdict(ok, f"layer {layer}, head {head}: removing it changes the logit difference by {e:+.2f}",
+                   f"you said {answer!r}. The most important head has the most NEGATIVE effect: find the smallest "
+                   "entry of the (L, H) table (argmin), and turn the flat index into (layer, head)")
+
+
+def check_layer_effect(layer_effect, model, ids: list[int], good: int, bad: int, means) -> bool:
+    """layer_effect(layer) -> the change in the logit difference when EVERY head of that layer is mean-ablated
+    at once (probes.ablated_metric minus the clean metric)."""
+    from ..probes import ablated_metric
+    heads = model.config.num_attention_heads
+    base = ablated_metric(model, ids, good, bad, [])
+    for layer in (model.config.num_hidden_layers - 7, 0):
+        ok, got = safely(layer_effect, layer)
+        if not ok:
+            return verdict(False, "", got)
+        want = ablated_metric(model, ids, good, bad, [(layer, h) for h in range(heads)], means) - base
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-3 * max(1.0, abs(want)):
+            return verdict(False, "", f"for layer {layer} you said {got!r}, expected {want:+.3f}. Hint: ablate all "
+                           f"{heads} heads of the layer in ONE run, then subtract the clean metric")
+    return verdict(True, "a whole layer at once: compare it with the sum of its heads' single effects", "")

@@ -225,6 +225,112 @@ print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.
       f"the extra attention over the longer cache is {(long - short) / long:.0%} of the long step")
 
 # %% [markdown]
+# ## 8. Where it looks is not what it uses
+#
+# A weight says where a head reads from. Whether the answer **depends** on that head is another
+# question, and it has an experimental answer: change the model's insides and watch the output. Two
+# tools from interpretability research do it (TransformerLens and ARENA teach them): **ablation**
+# (remove one head's output and measure what the answer loses) and **activation patching** (run a
+# corrupted prompt, copy one piece of the clean run into it, and measure how much of the clean answer
+# comes back). Both run here on the library's model through forward hooks (`course_lib/probes.py`); the
+# weights never change.
+#
+# The question needs a number. The prompt stops right before the answer word, and the metric is the logit
+# of " Paris" minus the logit of " Berlin" at the last position: large and positive means Paris.
+
+# %%
+from course_lib import probes
+
+clean = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
+corrupt = probes.answer_ids(tokenizer, "What is the capital of Germany?", "The capital of Germany is")
+paris, berlin = probes.token_id(tokenizer, " Paris"), probes.token_id(tokenizer, " Berlin")
+differ = [i for i, (a, b) in enumerate(zip(clean, corrupt)) if a != b]
+print(len(clean), "tokens each; they differ only at positions", differ,
+      [tokenizer.decode([clean[i]]) + "/" + tokenizer.decode([corrupt[i]]) for i in differ])
+
+# %% [markdown]
+# **Ablation.** Each head in turn is replaced by its **mean** output over the same prompt with other
+# countries (Italy, Spain, Japan, Egypt, Canada, Brazil), at every position. Why the mean and not zeros: a
+# zero output is something the model never saw, so zeroing measures the damage of a strange input as well
+# as the loss of the head; the mean keeps the activations typical and removes only what depends on the
+# country. Negative cells: the head helped " Paris" over " Berlin".
+
+# %%
+countries = ["Italy", "Spain", "Japan", "Egypt", "Canada", "Brazil"]
+reference = [probes.answer_ids(tokenizer, f"What is the capital of {c}?", f"The capital of {c} is") for c in countries]
+means = probes.mean_head_outputs(model, reference)  # (L, H, D)
+effects, base = probes.ablate_heads(model, clean, paris, berlin, means)  # (L, H)
+print(f"clean metric {base:.2f}; the heads whose removal costs the most:")
+for layer, head, e in probes.top_heads(effects, 5, largest=False):
+    print(f"  layer {layer:>2}, head {head}: {e:+.2f}")
+
+# %% [markdown]
+# Beside it, the view of the earlier sections: how much attention each head pays, from the last position,
+# to the two "France" tokens.
+
+# %%
+c_weights = attention_weights(model, clean)  # (L, H, T, T)
+looks = probes.attention_to(c_weights, -1, differ)  # (L, H)
+fig, axes = plt.subplots(1, 2, figsize=(9, 6), layout="constrained")
+plots.plot_layer_head_map(effects, ax=axes[0], title="ablation: change in Paris - Berlin", label="logit difference")
+plots.plot_layer_head_map(looks, ax=axes[1], title="attention from the last token to France", diverging=False,
+                          label="attention weight")
+plt.show()
+top_look = probes.top_heads(looks, 5)
+top_use = probes.top_heads(effects, 5, largest=False)
+print("heads that look hardest at France:", [(l, h, round(w, 2)) for l, h, w in top_look])
+print("   their ablation effects:       ", [round(float(effects[l, h]), 2) for l, h, _ in top_look])
+print("heads whose removal costs most:  ", [(l, h, round(e, 2)) for l, h, e in top_use])
+print("   their attention to France:    ", [round(float(looks[l, h]), 2) for l, h, _ in top_use])
+shared = {(l, h) for l, h, _ in top_look} & {(l, h) for l, h, _ in top_use}
+print(f"heads in both top fives: {sorted(shared)}")
+
+# %% [markdown]
+# Read the two maps, and the four printed lines, against each other. Where a head is in both top fives,
+# looking and using agree for it; a head that looks hard at France with an effect near zero (or of the
+# wrong sign) is read from and then not relied on for this answer; a head that matters while it barely
+# looks at France gets the country some other way (from earlier layers' work at the last position). Only
+# the left map is about what the answer depends on, and only for this metric.
+#
+# **Patching.** Now run the Germany prompt, and at one layer and one position replace the residual stream
+# (the vector the blocks add to) with the France run's. 0 means nothing came back, 1 means the whole clean
+# answer did. Positions before the first "Germany" are the same in both runs, so a patch there cannot
+# change anything (tests/test_probes.py checks it); the map starts at the first difference.
+
+# %%
+patched = probes.patch_residual(model, clean, corrupt, paris, berlin)
+print(f"metric: clean {patched['clean']:.2f}, corrupted {patched['corrupt']:.2f}")
+labels = [tokenizer.decode([clean[i]]) for i in patched["positions"]]
+plots.plot_patching(patched["recovered"], labels)
+plt.show()
+r = patched["recovered"]
+for name, col in (("question's France", 0), ("answer's France", len(labels) - 2), ("last token", len(labels) - 1)):
+    best = int(r[:, col].argmax())
+    print(f"{name:<18}: most recovered {float(r[best, col]):.2f} at row {best}; at the last row {float(r[-1, col]):.2f}")
+half = int((r[:, -1] > 0.5).nonzero()[0]) if (r[:, -1] > 0.5).any() else None
+print("the last position carries more than half of the answer from row", half, "on")
+
+# %% [markdown]
+# Read the map from the top: rows are layers, columns positions. Where a cell is near 1, the France run's
+# vector at that place carries (almost) everything the answer needs; the printed lines say where that
+# happens for the two country tokens and the last position, and the row at which the last position takes
+# over tells in which layers the country has travelled to where the answer is read. Then single heads:
+# copy one head's output (at every position) from the France run into the Germany run.
+
+# %%
+head_patch = probes.patch_heads(model, clean, corrupt, paris, berlin)  # (L, H)
+for layer, head, f in probes.top_heads(head_patch, 5):
+    print(f"layer {layer:>2}, head {head}: recovers {f:.2f} of the answer alone "
+          f"(ablation effect {float(effects[layer, head]):+.2f}, attention to France {float(looks[layer, head]):.2f})")
+
+# %% [markdown]
+# Limits, before any conclusion: this is one 135M model, one pair of prompts and one metric (a logit
+# difference, not the answer's text). Ablating one head at a time misses heads that back each other up
+# (remove either and the other compensates; remove both and the answer goes), and mean ablation depends on
+# the reference prompts chosen. What these maps show is what this model's answer to this question
+# depends on, measured; it is not a general account of how the model knows capitals.
+
+# %% [markdown]
 # ---
 # ## Summary
 #
@@ -233,6 +339,8 @@ print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.
 # - "capital" cannot attend to "France" in this model: it comes first. The meaning shows in later tokens and in the output.
 # - One head is queries times keys, scaled, masked, softmaxed: our version matches the model's weights.
 # - Three query heads share each key/value head here, which makes the KV cache three times smaller.
+# - Where a head looks is not what the answer uses: ablation and patching (section 8) measure what the
+#   France answer depends on, on one metric; compare their ranking of heads with the attention maps'.
 
 # %% [markdown]
 # ---
@@ -278,6 +386,36 @@ ex.check_kv_head(kv_head_of, cfg)
 strongest = None  # e.g. (13, 8)
 ex.check_strongest_head(strongest, model, tokenizer, "The bank is closed because they had no money left.",
                         " they", " bank")
+
+# %% [markdown]
+# **5.** Before running anything: what fraction of the clean answer comes back if you patch the output of
+# the **last** block at the **last** position (the bottom-right cell of section 8's map)? Put a number in
+# `patch_prediction`; the check measures it.
+
+# %%
+patch_prediction = None  # a number
+ex.check_patch_prediction(patch_prediction, model, clean, corrupt, paris, berlin)
+
+# %% [markdown]
+# **6.** From section 8's `effects` (an L x H table), which (layer, head) matters most for " Paris" over
+# " Berlin"? Compute it; put a tuple in `most_important`.
+
+# %%
+most_important = None  # e.g. (3, 1)
+ex.check_most_important_head(most_important, effects)
+
+# %% [markdown]
+# **7.** Write `layer_effect(layer)`: the change in the logit difference when **every** head of one layer
+# is mean-ablated at once (`probes.ablated_metric` with the section's `means`, minus the clean metric).
+# Then compare a layer's whole effect with the sum of its heads' single effects: heads can add up, or
+# stand in for each other.
+
+# %%
+def layer_effect(layer):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_layer_effect(layer_effect, model, clean, paris, berlin, means)
 
 # %% [markdown]
 # **Next:** 05 · sampling, where the model's next-token distribution becomes one chosen token.

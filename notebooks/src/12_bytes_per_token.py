@@ -25,7 +25,8 @@ import course_lib
 from course_lib import formats, plots_perf
 from course_lib.context import chat_ids, story_ids
 from course_lib.measure.race import our_step_seconds, generate_exact
-from course_lib.measure import memory, quality
+from course_lib.measure.memory import kernel_bandwidth, read_bandwidth
+from course_lib.measure.quality import agreement, perplexity
 from course_lib.generation import generate, prefill
 from course_lib.loading import GGUF_BYTES
 from course_lib.model import Model
@@ -99,7 +100,7 @@ for name in ["float32", "int8-cast", "int8"]:
 for name in ["bfloat16", "int4-float32", "int4"]:
     our_step_seconds(models[name], tokenizer, prompt, 2)
     step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
-read_bw = memory.read_bandwidth(1024)
+read_bw = read_bandwidth(1024)
 names = list(models)
 print(f"streaming read: {read_bw / 1e9:.1f} GB/s")
 for name in names:
@@ -116,7 +117,7 @@ plt.show()
 # %%
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q|k|v, o, gate|up, down
 for name in ["float32", "bfloat16", "int8", "int4"]:
-    print(f"{name:<9} kernel reads {memory.kernel_bandwidth(name, shapes) / 1e9:5.1f} GB/s")
+    print(f"{name:<9} kernel reads {kernel_bandwidth(name, shapes) / 1e9:5.1f} GB/s")
 
 # %% [markdown]
 # The kernel's rate matters as much as the bytes. Our float32 model keeps some matrices by columns, the
@@ -136,7 +137,7 @@ questions = ["What is the capital of France?", "What is the capital gains tax in
              "The bank is closed because they had no money left."]
 prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q in questions]
 sequences = [p + generate_exact(ours, tokenizer, p, 24) for p in prompts]
-quality = {n: quality.agreement(ours, models[n], sequences, [len(p) - 1 for p in prompts]) for n in names}
+quality = {n: agreement(ours, models[n], sequences, [len(p) - 1 for p in prompts]) for n in names}
 for n, qd in quality.items():
     print(f"{n:<13} top-1 agreement {qd['top1_agreement']:.3f}   KL {qd['kl']:.5f} nats   ({qd['positions']} positions)")
 
@@ -145,7 +146,7 @@ for n, qd in quality.items():
 
 # %%
 all4 = formats.convert(ours, "int4", head="int4")
-q4 = quality.agreement(ours, all4, sequences, [len(p) - 1 for p in prompts])
+q4 = agreement(ours, all4, sequences, [len(p) - 1 for p in prompts])
 print(f"head in 4 bits: {all4.weight_bytes() / 1e6:.1f} MB per token, top-1 agreement {q4['top1_agreement']:.3f}, "
       f"KL {q4['kl']:.4f} (int4 with an 8-bit head: {quality['int4']['top1_agreement']:.3f}, {quality['int4']['kl']:.4f})")
 
@@ -159,7 +160,7 @@ print(f"head in 4 bits: {all4.weight_bytes() / 1e6:.1f} MB per token, top-1 agre
 text_ids = tokenizer(open("../data/texts/english_prose.txt").read(), add_special_tokens=False)["input_ids"][:256]
 for n in ["float32", "bfloat16", "int8", "int4"]:
     answer = generate(models[n], tokenizer, prompts[0], 16).text
-    print(f"{n:<9} perplexity {quality.perplexity(models[n], text_ids):6.2f}   {answer!r}")
+    print(f"{n:<9} perplexity {perplexity(models[n], text_ids):6.2f}   {answer!r}")
 
 # %% [markdown]
 # ## 6. Prefill is a different story
