@@ -70,8 +70,9 @@ class SamplingExplorer:
         self.last_update_ms = (time.perf_counter() - start) * 1000
 
     def draw(self, _=None):
-        generator = torch.Generator().manual_seed(self.seed.value)
-        tokens = sample(logits_to_probs(self.logits, self.config(), self.history), generator, self.draws)
+        probs = logits_to_probs(self.logits, self.config(), self.history)  # on the logits' device
+        generator = torch.Generator(device=probs.device).manual_seed(self.seed.value)  # note: a generator is per device
+        tokens = sample(probs, generator, self.draws)
         counts = torch.bincount(tokens, minlength=self.logits.shape[-1]).float() / self.draws
         self.drawn = counts[self.ids].tolist()
         self.update()

@@ -15,5 +15,6 @@ def my_top_k(logits, k):
 
 
 def estimate(logits, the_id, draws=5000, seed=0):
-    tokens = sample(logits_to_probs(logits), torch.Generator().manual_seed(seed), draws)
+    probs = logits_to_probs(logits)
+    tokens = sample(probs, torch.Generator(device=probs.device).manual_seed(seed), draws)
     return float((tokens == the_id).float().mean())

@@ -172,3 +172,20 @@ def test_every_module_imports_and_every_imported_name_exists():
 def _is_submodule(package: str, name: str) -> bool:
     import importlib.util
     return importlib.util.find_spec(f"{package}.{name}") is not None
+
+
+def test_every_generator_names_its_device():
+    """torch refuses a generator of another device than the tensor it draws for (CUDA, MPS): a bare
+    torch.Generator() is a CPU one, so every one in the package, the lessons and the solutions names its device."""
+    assert bare_generators("g = torch.Generator().manual_seed(0)\nh = torch.Generator(device=x.device)") == [1]
+    top = ROOT.parent
+    bare = [f"{path.relative_to(top)}:{line}"
+            for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
+            for line in bare_generators(path.read_text())]
+    assert not bare, bare
+
+
+def bare_generators(source: str) -> list[int]:
+    """Lines that make a torch.Generator without naming its device."""
+    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+            and getattr(n.func, "attr", None) == "Generator" and not any(k.arg == "device" for k in n.keywords)]

@@ -23,7 +23,7 @@ def check_causal_mask(causal_mask) -> bool:
 
 def check_head_by_hand(head_weights) -> bool:
     """head_weights(q, k) -> (T, T) causal attention weights softmax(q k^T / sqrt(D)) for q, k of shape (T, D)."""
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device="cpu").manual_seed(0)  # note: the check's own tensors, on the CPU on purpose
     for T, D in [(5, 64), (9, 16)]:
         q, k = torch.randn(T, D, generator=gen), torch.randn(T, D, generator=gen)
         ok, got = safely(head_weights, q.clone(), k.clone())

@@ -17,7 +17,7 @@ import torch
 
 from ..generation import decode_step, generate, prefill
 from ..runtime import synchronize
-from .timers import median
+from .timers import best_of, median
 
 
 def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -26,17 +26,6 @@ def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
         out = hf_model.generate(ids, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
                                 pad_token_id=hf_model.generation_config.eos_token_id)
     return out[0, len(prompt_ids):].tolist()
-
-
-def _best(fn, device, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best, out
 
 
 def race(ours, hf_model, tokenizer, prompt_ids: list[int], n_new: int = 128, repeats: int = 3) -> dict:
@@ -51,9 +40,9 @@ def race(ours, hf_model, tokenizer, prompt_ids: list[int], n_new: int = 128, rep
     generate_exact(ours, tokenizer, prompt_ids, 2), _library_generate(hf_model, prompt_ids, 2)  # warm-up
     ours_best, theirs_best = float("inf"), float("inf")
     for _ in range(repeats):
-        t, mine_tokens = _best(mine, ours.device, 1)
+        t, mine_tokens = best_of(mine, 1, ours.device, warmup=0)
         ours_best = min(ours_best, t)
-        t, their_tokens = _best(theirs, hf_model.device, 1)
+        t, their_tokens = best_of(theirs, 1, hf_model.device, warmup=0)
         theirs_best = min(theirs_best, t)
     return {"new_tokens": n_new, "tokens_per_s": n_new / ours_best, "generate_tokens_per_s": n_new / theirs_best,
             "ratio": theirs_best / ours_best, "same_tokens": mine_tokens == their_tokens, "token_ids": mine_tokens}

@@ -72,7 +72,7 @@ plt.show()
 
 # %%
 greedy_probs = logits_to_probs(logits, SamplingConfig(temperature=0))
-draws = sample(greedy_probs, torch.Generator().manual_seed(0), 1000)
+draws = sample(greedy_probs, torch.Generator(device=greedy_probs.device).manual_seed(0), 1000)
 print("distinct tokens in 1000 draws at T=0:", draws.unique().tolist(), "| argmax:", int(logits.argmax()),
       repr(label(int(logits.argmax()))))
 
@@ -181,7 +181,7 @@ print("redraw times (ms):", [round(x, 1) for x in times], "| target: well under 
 # %%
 cfg = SamplingConfig(temperature=0.8, top_p=0.9)
 probs = logits_to_probs(logits, cfg)
-tokens = sample(probs, torch.Generator().manual_seed(42), 5000)
+tokens = sample(probs, torch.Generator(device=probs.device).manual_seed(42), 5000)  # a generator lives on one device
 share = torch.bincount(tokens, minlength=probs.numel()).float() / 5000
 r = reshape(logits, cfg, show=10)
 ax = plots.plot_reshaped([label(i) for i in r.ids], r.before, r.after, drawn=share[r.ids].tolist(),

@@ -154,8 +154,8 @@ for name, t, k, acc, tpv, speed, _ in rows:
 # %%
 from course_lib.forward import forward_logits
 p = torch.softmax(forward_logits(ours, edit)[0, -1].topk(8).values, -1)  # the model's top 8, renormalized
-q = torch.nn.functional.one_hot(torch.tensor(2), 8).float()  # a drafter that always proposes token 2
-g = torch.Generator().manual_seed(0)
+q = torch.nn.functional.one_hot(torch.tensor(2), 8).float().to(p.device)  # a drafter that always proposes token 2
+g = torch.Generator(device=p.device).manual_seed(0)
 draws = torch.bincount(torch.tensor([accept_or_resample(p, q, 2, g) for _ in range(4000)]), minlength=8) / 4000
 print("model p:    ", [round(float(x), 3) for x in p])
 print("rule draws: ", [round(float(x), 3) for x in draws])
