@@ -244,7 +244,7 @@ server.stop()
 # avoid that with a **token budget** per step: each running request decodes one token, and what is left of
 # the budget goes to prompts, in chunks (vLLM turns this on by default). A chunk is prefill on a cache that
 # already holds the start of the prompt, so the logits are those of one whole prefill, up to float rounding
-# (tests/test_chunked_prefill.py checks it within 1e-4 for chunks of 1 to 33 tokens).
+# (tests/test_chunked_prefill.py checks it within 1e-4 for chunks of 1, 7, 16 and 33 tokens).
 #
 # Below, one request is writing a story when the handbook question (about 1,100 tokens) arrives. We
 # measure the longest gap between the story's tokens, and the tokens per second over the whole run, for
@@ -271,10 +271,11 @@ plt.show()
 # %% [markdown]
 # Read the bars from left to right. With the whole prompt in one step, the story's longest wait is the
 # whole prompt's prefill. A budget caps that wait near one chunk's prefill plus a decode step, so it
-# shrinks with the budget. The dots are the price: each chunk is one more call through the model, and
-# it re-reads the keys and values of the chunks before it (this cache gathers them into a copy each
-# call: lesson 16's subject), so small chunks lose some throughput. Where the two curves cross the
-# latency you care about is the budget to pick; the numbers above are this machine's, in this run.
+# shrinks with the budget. The dots say what that costs in tokens per second: each chunk is one more call
+# through the model, and it re-reads the keys and values of the chunks before it (this cache gathers them
+# into a copy each call), so the smallest budgets lose some throughput; compare the printed figures, which
+# also move a little from run to run on a busy machine. The budget to pick is the largest one whose
+# longest wait you can accept; the numbers above are this machine's, in this run.
 #
 # The same comparison through the server, over HTTP on loopback: three chats start streaming, one second
 # later the handbook question arrives, and two more chats follow. Replayed against the paged server with
