@@ -234,6 +234,11 @@ class PagedBatch:
     def now(self) -> float:
         return time.perf_counter() - self.clock
 
+    @property
+    def capacity(self) -> int:
+        """Tokens the whole pool holds."""
+        return self.pool.manager.num_blocks * self.pool.block_size
+
     def fits(self, tokens: int) -> bool:
         """Could a request of this many tokens (prompt plus allowance) ever run in this pool, alone?"""
         return blocks_for(tokens, self.pool.block_size) <= self.pool.manager.num_blocks

@@ -228,14 +228,14 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         if max_concurrent is not None and in_flight[0] >= max_concurrent:
             return _error(429, f"the server is busy ({max_concurrent} requests in flight); retry shortly",
                           "rate_limit_error", code="too_many_requests")
-        pool = getattr(engine.batch, "pool", None)
-        if pool is not None and blocks_for(len(prompt) + 1, pool.block_size) > pool.manager.num_blocks:
+        fits = getattr(engine.batch, "fits", None)  # the paged scheduler: what its pool can ever hold
+        if fits is not None and not fits(len(prompt) + 1):
             return _error(400, f"the prompt has {len(prompt)} tokens but this server's KV memory holds "
-                          f"{pool.manager.num_blocks * pool.block_size}; shorten the conversation",
+                          f"{engine.batch.capacity}; shorten the conversation",
                           param="messages", code="context_length_exceeded")
         allowed = min(req.max_tokens, max_tokens_cap, window - len(prompt))
-        if pool is not None:  # note: what the whole pool can hold, so a request is never cut short after it began
-            allowed = min(allowed, pool.manager.num_blocks * pool.block_size - len(prompt))
+        if fits is not None:  # note: what the whole pool can hold, so a request is never cut short after it began
+            allowed = min(allowed, engine.batch.capacity - len(prompt))
         pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed)
         if req.schema is not None:  # structured output: a grammar mask in front of the picker (lesson 15)
             from .sampling import greedy
