@@ -90,6 +90,8 @@ def attention(model: "Model", layer: Layer, index: int, h: torch.Tensor, cos: to
     qkv = layer.qkv(h).view(B, T, H + 2 * KV, D).transpose(1, 2)  # (B, H + 2 KV, T, D): q heads, k heads, v heads
     qk = apply_rotary(qkv[:, :H + KV], cos, sin)  # note: queries and keys turned in one go (fewer operators)
     q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + KV:]  # (B, H, T, D), (B, KV, T, D), (B, KV, T, D)
+    if getattr(cache, "reads_in_place", False):  # a paged decode step: attention walks the block tables (lesson 16)
+        return layer.o(cache.attend(index, q, k, v).transpose(1, 2).reshape(B, T, H * D))
     if cache is not None:
         k, v = cache.write(index, k, v, start)  # (B, KV, S, D) with S = start + T: the past and this step
     G = H // KV
@@ -121,6 +123,22 @@ def causal_mask(B: int, T: int, S: int, start: int, device, key_mask: torch.Tens
         allowed = allowed & key_mask.bool()[:, None, None, :]
         allowed = allowed | (j[None, :] == i)[None, None]
     return allowed.expand(B, 1, T, S)
+
+
+@torch.inference_mode()
+def layer_qkv(model: "Model", input_ids, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The queries, keys and values layer `index` computes on one prompt (rotary positions applied), as its
+    attention receives them: q (1, H, T, D), k and v (1, KV, T, D). The blocks before it run as in the model."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=model.device).reshape(1, -1)
+    T = ids.shape[1]
+    cos, sin = model.cos[:T].to(model.dtype)[None, None], model.sin[:T].to(model.dtype)[None, None]
+    x = embed(model, ids)
+    for i in range(index):
+        x = block(model, i, x, cos, sin, None, 0, None)
+    layer, H, KV, D = model.layers[index], model.heads, model.kv_heads, model.head_dim
+    qkv = layer.qkv(norm(x, layer.attn_norm, model.eps)).view(1, T, H + 2 * KV, D).transpose(1, 2)
+    qk = apply_rotary(qkv[:, :H + KV], cos, sin)
+    return qk[:, :H], qk[:, H:], qkv[:, H + KV:]
 
 
 def feed_forward(layer: Layer, h: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,13 @@ start with the same tokens name the same blocks; a new sequence reuses the cache
 prompt and prefills only the rest (the last prompt token is always computed, so there are logits to
 pick from, and a shared block is never written). Blocks nobody uses keep their contents until memory
 is needed, then go least recently used first.
-What it does not do: schedule requests or preempt them (batching.PagedBatch does), read pages inside
-the attention kernel (vLLM's PagedAttention kernel does; here the pages are gathered into one tensor
-per layer before torch's attention, a copy a production kernel avoids), or share a partly filled block.
+Decode attention reads the blocks through the block tables, a tile of blocks at a time
+(attention_kernels.paged_decode, lesson 16: `attention="paged"`, the default); `attention="gather"`
+copies every row's keys and values into one padded tensor per layer first, the reference it is
+tested against. A prompt's prefill (one row, several tokens) always reads through the gather.
+What it does not do: schedule requests or preempt them (batching.PagedBatch does), run a custom kernel
+(the paged path is torch operators: on the CPU, torch's fused flash kernel per tile), or share a partly
+filled block.
 """
 from __future__ import annotations
 
@@ -22,7 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .attention_kernels import TILE_TOKENS, decode_plan, paged_decode
+
 BLOCK_SIZE = 16  # tokens per block (vLLM's default too)
+ATTENTION = ("paged", "gather")  # how decode attention reads the pool: through the tables in tiles, or a full copy
 
 
 class OutOfBlocks(RuntimeError):
@@ -153,7 +160,11 @@ class PagedKVCache:
     block manager that hands the blocks out. Example: pool = PagedKVCache.for_model(ours, num_blocks=64)"""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int = BLOCK_SIZE,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", prefix_caching: bool = True):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", prefix_caching: bool = True,
+                 attention: str = "paged", tile_tokens: int = TILE_TOKENS):
+        if attention not in ATTENTION:
+            raise ValueError(f"decode attention is one of {ATTENTION}, got {attention!r}")
+        self.attention, self.tile_tokens = attention, tile_tokens
         self.manager = BlockManager(num_blocks, block_size)
         shape = (num_blocks * block_size, kv_heads, head_dim)  # (slots, KV, D)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
@@ -162,10 +173,11 @@ class PagedKVCache:
         self.lookups = self.hits = 0  # prompt tokens asked for, and found, in the prefix cache
 
     @classmethod
-    def for_model(cls, model, num_blocks: int, block_size: int = BLOCK_SIZE, prefix_caching: bool = True):
+    def for_model(cls, model, num_blocks: int, block_size: int = BLOCK_SIZE, prefix_caching: bool = True,
+                  attention: str = "paged"):
         """A pool shaped for the course's model (model.Model): its layers, heads, dtype and device."""
         return cls(len(model.layers), model.kv_heads, model.head_dim, num_blocks, block_size, model.dtype,
-                   model.device, prefix_caching)
+                   model.device, prefix_caching, attention)
 
     @property
     def block_bytes(self) -> int:
@@ -246,7 +258,7 @@ class PagedView:
 
     def __init__(self, pool: PagedKVCache, seqs: list[Sequence]):
         self.pool, self.seqs = pool, seqs
-        self._write = self._read = None
+        self._write = self._read = self._plan = None
 
     @property
     def length(self) -> int:
@@ -293,10 +305,27 @@ class PagedView:
         if len(self.seqs) > 1 and new != 1:
             raise ValueError(f"a paged batch of {len(self.seqs)} rows decodes one token per row, got {new}: "
                              "prefill each prompt alone")
-        self._write, self._read = self.slots(new)
+        if new == 1 and self.pool.attention == "paged":  # decode: attention walks the tables (`attend`)
+            self._write, self._read = self.slots(new, reads=False)
+            self._plan = decode_plan(self.tables(), self.positions() + 1, self.pool.block_size, self.pool.tile_tokens,
+                                     dtype=self.pool.keys[0].dtype)
+        else:
+            self._write, self._read = self.slots(new)
+            self._plan = None
 
-    def slots(self, new: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slots the new tokens go to (B * new,), slots each row reads (B, S)), S = start + new."""
+    @property
+    def reads_in_place(self) -> bool:
+        """True when this step's attention goes through `attend` (the tables, in tiles), not `write`'s copy."""
+        return self._plan is not None
+
+    def tables(self) -> torch.Tensor:
+        """(B, N) every row's block table, shorter rows padded with their first block (masked by length)."""
+        n = max(len(s.blocks) for s in self.seqs)
+        return torch.tensor([s.blocks + [s.blocks[0]] * (n - len(s.blocks)) for s in self.seqs],
+                            dtype=torch.long, device=self.pool.keys[0].device)
+
+    def slots(self, new: int, reads: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(slots the new tokens go to (B * new,), slots each row reads (B, S)), S = start + new (None if not reads)."""
         start, bs = self.length, self.pool.block_size
         write, read = [], []
         for s in self.seqs:
@@ -304,11 +333,13 @@ class PagedView:
                 raise OutOfBlocks(f"the sequence holds {len(s.blocks)} blocks, too few for {s.computed + new} "
                                   "tokens: call pool.grow(seq, tokens) first")
             write += [s.slot(p, bs) for p in range(s.computed, s.computed + new)]
+            if not reads:
+                continue
             past = [s.slot(p, bs) for p in range(s.computed + new)]
             read.append([past[0]] * (start + new - len(past)) + past)  # padding columns point anywhere: masked out
         device = self.pool.keys[0].device
         return (torch.tensor(write, dtype=torch.long, device=device),  # (B * new,)
-                torch.tensor(read, dtype=torch.long, device=device))  # (B, S)
+                torch.tensor(read, dtype=torch.long, device=device) if reads else None)  # (B, S)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store (B, KV, T, D) keys and values in their slots; return every row's keys and values, (B, KV, S, D),
@@ -317,7 +348,19 @@ class PagedView:
         keys, values = self.pool.keys[layer], self.pool.values[layer]
         keys[self._write] = k.transpose(1, 2).reshape(B * T, KV, D)
         values[self._write] = v.transpose(1, 2).reshape(B * T, KV, D)
+        if self._read is None:
+            raise RuntimeError("this decode step reads the pool in place: call attend(), not write()")
         return keys[self._read].transpose(1, 2), values[self._read].transpose(1, 2)  # (B, KV, S, D)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """A decode step's attention without the copy: store each row's new key and value (B, KV, 1, D) in its
+        slot, then attend q (B, H, 1, D) to every row's tokens through the block tables, a tile of blocks at a
+        time (attention_kernels.paged_decode). Returns (B, H, 1, D)."""
+        B, KV, _, D = k.shape
+        keys, values = self.pool.keys[layer], self.pool.values[layer]
+        keys[self._write] = k.reshape(B, KV, D)
+        values[self._write] = v.reshape(B, KV, D)
+        return paged_decode(q[:, :, 0], keys, values, self._plan, self.pool.block_size).unsqueeze(2)
 
 
 def footprint(sequences: list[list[int]], block_size: int = BLOCK_SIZE) -> dict:

@@ -116,3 +116,23 @@ def test_serving_load_section_reports_its_keys(model, tokenizer):
     assert set(s["max_decode_gap_s"]) == {"whole", "chunked"}
     names = [what for what, _, _ in targets(result)]
     assert any("chunked prefill cuts p99" in n for n in names) and any("answered" in n for n in names)
+
+
+def test_attention_section_reports_its_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="attention", progress=False)
+    a = result["attention"]
+    for key in ("same_output", "gather_bytes_per_step", "paged_step_ms", "gather_step_ms", "paged_speedup",
+                "tiled_peak_bytes", "sdpa_peak_bytes"):
+        assert key in a, key
+    assert a["same_output"] is True
+    assert set(a["paged_step_ms"]) == set(a["gather_step_ms"]) == set(a["paged_speedup"]) == set(a["gather_bytes_per_step"])
+    for name in a["paged_speedup"]:
+        assert a["paged_speedup"][name] == pytest.approx(a["gather_step_ms"][name] / a["paged_step_ms"][name])
+        rows, tokens = map(int, name.split("x"))  # the gather copies keys and values of every row, every layer
+        assert a["gather_bytes_per_step"][name] == 2 * 30 * rows * (tokens + 1) * 3 * 64 * 4
+    assert a["naive_peak_bytes"] > a["tiled_peak_bytes"] > 0  # the whole score matrix against tiles of it
+    assert {b["block_size"] for b in a["block_sizes"]} == {8, 16, 32}
+    names = [what for what, _, _ in targets(result)]
+    assert any("no slower than the gather" in n for n in names)
+    report = format_report(result)
+    assert "through the tables" in report and "written out" in report

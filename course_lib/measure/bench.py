@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import attention_section
 from .bench_part2 import (engine_section, formats_section, paged_section, serving_load_section, speculative_section,
                           structured_section)
 from ..context import filler_ids, story_ids
@@ -166,6 +167,8 @@ SECTIONS = {
     "structured": ("lesson 15: structured output", lambda m, t, q: {"structured": structured_section(m, t, q)}),
     "serving_load": ("lessons 10 and 13: the server under a mixed Poisson load",
                      lambda m, t, q: {"serving_load": serving_load_section(m, t, q)}),
+    "attention": ("lesson 16: tiled attention, paged decode attention against the gather",
+                  lambda m, t, q: {"attention": attention_section(m, t, q)}),
 }
 
 
@@ -264,6 +267,18 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
                     f"{whole:.2f} -> {chunked:.2f} s ({whole / chunked:.1f}x)", whole >= 3 * chunked))
         out.append(("serving: chunked prefill loses at most 10% throughput",
                     f"{tps_chunked:.1f} vs {tps_whole:.1f} tok/s", tps_chunked >= 0.9 * tps_whole))
+    if "attention" in result:
+        a = result["attention"]
+        small, large = list(a["paged_speedup"])
+        out.append(("attention: tiled and paged equal to SDPA and the gather on real tensors", str(a["same_output"]),
+                    a["same_output"]))
+        out.append((f"attention: paged decode no slower than the gather at {small}", f"{a['paged_speedup'][small]:.2f}x",
+                    a["paged_speedup"][small] >= 1.0))
+        out.append((f"attention: paged decode faster than the gather at {large}", f"{a['paged_speedup'][large]:.2f}x",
+                    a["paged_speedup"][large] > 1.0))
+        out.append((f"attention: paged step allocates less than the gather writes ({small})",
+                    f"{a['step_peak_bytes'][small]['paged'] / 1e6:.1f} vs {a['gather_bytes_per_step'][small] / 1e6:.0f} MB",
+                    a["step_peak_bytes"][small]["paged"] < a["gather_bytes_per_step"][small] / 10))
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
@@ -330,6 +345,18 @@ def format_report(result: dict) -> str:
         g = s["max_decode_gap_s"]
         lines.append(f"serving: a running request's longest wait while a long prompt is read: {g['whole']:.2f} s whole, "
                      f"{g['chunked']:.2f} s chunked")
+    if "attention" in result:
+        a = result["attention"]
+        for name in a["paged_step_ms"]:
+            lines.append(f"attention {name}: decode step {a['paged_step_ms'][name]:.1f} ms through the tables, "
+                         f"{a['gather_step_ms'][name]:.1f} ms gathered ({a['paged_speedup'][name]:.2f}x); the gather writes "
+                         f"{a['gather_bytes_per_step'][name] / 1e6:.0f} MB per step; peak allocated "
+                         f"{a['step_peak_bytes'][name]['paged'] / 1e6:.1f} vs {a['step_peak_bytes'][name]['gather'] / 1e6:.1f} MB")
+        lines.append("attention block sizes: " + ", ".join(f"{b['block_size']}: {b['paged_ms']:.1f} vs {b['gather_ms']:.1f} ms"
+                                                           for b in a["block_sizes"]))
+        lines.append(f"attention prefill of {a['prefill_tokens']} tokens, one layer, peak allocated: written out "
+                     f"{a['naive_peak_bytes'] / 1e6:.0f} MB, tiled {a['tiled_peak_bytes'] / 1e6:.1f} MB, SDPA "
+                     f"{a['sdpa_peak_bytes'] / 1e6:.1f} MB")
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)
