@@ -32,7 +32,9 @@ class Cache(Protocol):
     `write(layer, k, v, start)`: store (B, KV, T, D) keys and values at columns [start, start + T) and return the
     keys and values attention reads, (B, KV, S, D). `rollback(n)`: forget every column from n on.
     kv_cache.KVCache and paged.PagedView meet it; transformers' DynamicCache has its own API, which
-    `length_of` and `rollback` below translate."""
+    `length_of` and `rollback` below translate. A cache may also attend itself: when its `reads_in_place` is
+    true for a step, the course's model calls its `attend(layer, q, k, v)` instead of `write` (the paged cache's
+    decode through its block tables, lesson 16)."""
     length: int
 
     def reserve(self, end: int) -> None: ...

@@ -21,6 +21,7 @@ filled block.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -132,6 +133,13 @@ class BlockManager:
         """The block's contents no longer match its name (a rollback): it can no longer be found as a prefix."""
         if block in self.hash_of:
             del self.by_hash[self.hash_of.pop(block)]
+
+    def shuffle(self, seed: int = 0) -> None:
+        """Hand the free blocks out in a random order from now on, as a pool does after many requests have come
+        and gone (a sequence's blocks then rarely lie side by side). Lessons and benchmarks use it."""
+        order = list(self.free)
+        random.Random(seed).shuffle(order)
+        self.free = OrderedDict((b, None) for b in order)
 
     def check(self) -> None:
         """The invariants, checked (the tests call this after every trace)."""

@@ -266,3 +266,15 @@ def test_lesson15(model, tokenizer):
     assert not lesson15.check_yes_no(lambda text: [2], tokenizer)
     assert not lesson15.check_after_age(lambda: [" 4", "4", "-"], tokenizer)
     assert not lesson15.check_city_schema(lambda: {"type": "object"}, model, tokenizer)
+
+
+def test_lesson16():
+    from course_lib.exercises import lesson16
+    s = solution(16, None, None)
+    assert lesson16.check_merge(s.merge_sums)
+    assert lesson16.check_gather_bytes(s.gather_bytes)
+    assert lesson16.check_tiles(s.tiles_computed)
+    assert not lesson16.check_merge(lambda m1, l1, m2, l2: (max(m1, m2), l1 + l2))  # forgot to rescale
+    assert not lesson16.check_gather_bytes(lambda r, t: 30 * r * t * 3 * 64 * 4)  # keys only
+    assert not lesson16.check_tiles(lambda t, tile: (-(-t // tile)) ** 2)  # every tile, causal skips none
+    assert not lesson16.check_tiles(lambda t, tile: (t // tile) * (t // tile + 1) // 2)  # forgot the partial tile

@@ -12,9 +12,7 @@ keys and values and on a real prefilled pool.
 """
 from __future__ import annotations
 
-import random
 import weakref
-from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -73,9 +71,7 @@ def scattered_rows(model, rows: int, tokens: int, block_size: int = 16, attentio
     in a shuffled order (no row's blocks lie side by side) and random keys and values. Returns (pool, sequences)."""
     per_row = -(-(tokens + 1) // block_size)
     pool = PagedKVCache.for_model(model, rows * per_row, block_size, prefix_caching=False, attention=attention)
-    order = list(range(pool.manager.num_blocks))
-    random.Random(seed).shuffle(order)
-    pool.manager.free = OrderedDict((b, None) for b in order)  # note: a served pool's free list after churn
+    pool.manager.shuffle(seed)  # a served pool's free list after churn
     g = torch.Generator(device="cpu").manual_seed(seed)
     for store in pool.keys + pool.values:
         store.copy_(torch.randn(store.shape, generator=g).to(store.dtype))

@@ -101,8 +101,8 @@ def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_cachi
 
 def gather_seconds(pool: PagedKVCache, seqs, repeats: int = 5) -> float:
     """Seconds to gather these sequences' keys and values from their blocks into one (B, KV, S, D) tensor per
-    layer, as PagedView.write does every step (a paged attention kernel reads the blocks in place instead).
-    The median of `repeats`."""
+    layer, as PagedView.write does for a prompt and, with attention="gather", for every decode step (the default
+    decode reads the blocks through the tables instead: lesson 16). The median of `repeats`."""
     _, read = PagedView(pool, list(seqs)).slots(0)  # (B, S)
     times = []
     for _ in range(repeats):

@@ -121,8 +121,8 @@ start = time.perf_counter()
 batch.step()  # one more decode step for the four
 step_s = time.perf_counter() - start
 gather_s = paged_runs.gather_seconds(pool, [batch.seqs[n] for n in names])
-print(f"one decode step for the four: {step_s * 1000:.0f} ms, of which gathering their pages into one tensor per "
-      f"layer about {gather_s * 1000:.0f} ms (section 7)")
+print(f"one decode step for the four: {step_s * 1000:.0f} ms; copying their pages into one tensor per layer, as a "
+      f"paged cache without a paged kernel must, would add about {gather_s * 1000:.0f} ms (section 7)")
 
 # %% [markdown]
 # A block is named by a hash of its tokens chained with its parent's name (`paged.block_hash`), so a
@@ -345,9 +345,10 @@ else:
 # Management for Large Language Model Serving with PagedAttention", SOSP 2023): blocks, block tables,
 # reference counts, preemption with recompute. What they add on top:
 #
-# - **attention kernels that read the blocks in place.** Ours gathers each sequence's blocks into one
-#   tensor per layer before torch's attention (`PagedView.write`): a copy per step that a paged kernel
-#   avoids (section 2 timed it against a whole decode step);
+# - **attention kernels that read the blocks in place.** A decode step here attends through the block
+#   tables, a tile of whole blocks at a time, merging partial results (lesson 16 writes it and times it
+#   against copying every row's blocks into one tensor per layer, the copy section 2 timed); a prompt's
+#   chunks still go through that copy, and a production kernel reads the blocks where they lie for both;
 # - **prefix sharing as a tree.** SGLang's RadixAttention keeps cached prefixes in a radix tree
 #   (Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs", 2024); vLLM's
 #   automatic prefix caching uses chained block hashes, as here;
