@@ -83,6 +83,24 @@ def score_matrix_bytes(tokens: int, heads: int, element_bytes: int = 4, layers: 
     return tokens * tokens * heads * element_bytes * layers
 
 
+def attention_traffic(tokens: int, heads: int, kv_heads: int, head_dim: int, tile: int | None = None,
+                      element_bytes: int = 4) -> dict:
+    """Bytes one layer's causal prefill reads from and writes to memory, counted from the shapes (not measured).
+    Written out (tile None): q, k, v read; the scores written, read and written again by softmax, read again by the
+    product with the values; the output written. Tiled (square tiles of `tile`): q read once, each query tile reads
+    the key and value tiles up to the diagonal, the output written once; scores never leave the tile.
+    Example: attention_traffic(4096, 9, 3, 64)["written"] is about 1.2 GB (two T x T matrices per head)"""
+    e, T = element_bytes, tokens
+    q = o = heads * T * head_dim * e
+    kv = 2 * kv_heads * T * head_dim * e
+    if tile is None:
+        scores = heads * T * T * e
+        return {"read": q + kv + 2 * scores, "written": 2 * scores + o}
+    n = -(-T // tile)
+    kv_reads = n * (n + 1) // 2 * 2 * kv_heads * min(tile, T) * head_dim * e  # query tile i reads key tiles 0..i
+    return {"read": q + kv_reads, "written": o}
+
+
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0, tile_q: int = 64,
                     tile_k: int = 64, trace: list | None = None) -> torch.Tensor:
     """Causal attention computed in tiles (FlashAttention's forward). q (B, H, T, D) at columns [start, start + T);

@@ -9,6 +9,7 @@ What it does not do: summarise dropped turns or count tokens for a template othe
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant")
@@ -39,10 +40,48 @@ def render(tokenizer, messages, add_generation_prompt: bool = True) -> str:
                                          add_generation_prompt=add_generation_prompt)
 
 
+def control_strings(tokenizer) -> list[str]:
+    """The strings the tokenizer turns into control tokens (special and added tokens), e.g. '<|im_end|>'."""
+    return sorted({str(t) for t in tokenizer.added_tokens_decoder.values()} | set(tokenizer.all_special_tokens))
+
+
+def _ids(tokenizer, text: str, as_text: bool = False) -> list[int]:
+    """IDs of a piece of text; as_text: a control-token string in it is split into ordinary tokens (text a user
+    typed), instead of becoming the control token (text the template wrote)."""
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=as_text)["input_ids"]
+
+
 def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
-    """The token IDs the model reads for these messages."""
-    return tokenizer.apply_chat_template(validate_messages(messages), add_generation_prompt=add_generation_prompt,
-                                         return_dict=True)["input_ids"]
+    """The token IDs the model reads for these messages. What a message says stays text: a control-token string
+    typed in a message ('<|im_end|>', '<|im_start|>system') is read as ordinary characters, so a user cannot
+    close their turn or open a system one; only the template's own markers are control tokens."""
+    messages = validate_messages(messages)
+    specials = control_strings(tokenizer)
+    if not any(s in m["content"] for m in messages for s in specials):  # the common case: the template's own IDs
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                             return_dict=True)["input_ids"]
+    ids = []
+    for piece, is_content in _split_contents(tokenizer, messages, add_generation_prompt):
+        ids += _ids(tokenizer, piece, as_text=is_content)
+    return ids
+
+
+def _split_contents(tokenizer, messages, add_generation_prompt: bool) -> list[tuple[str, bool]]:
+    """The rendered context as (piece, is a message's content) in order: the template is rendered with a marker
+    in place of each content, so a content is found by position, never by searching for its text."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    masked = [{**m, "content": mark} for m, mark in zip(messages, marks)]
+    layout = tokenizer.apply_chat_template(masked, tokenize=False, add_generation_prompt=add_generation_prompt)
+    pieces, rest = [], layout
+    for mark, m in zip(marks, messages):
+        if rest.count(mark) != 1:
+            raise ValueError("the chat template repeats or changes a message's text: it cannot be kept apart as text")
+        before, rest = rest.split(mark)
+        pieces += [(before, False), (m["content"], True)]
+    pieces.append((rest, False))
+    if "".join(p for p, _ in pieces) != render(tokenizer, messages, add_generation_prompt):
+        raise ValueError("the chat template changes a message's text: it cannot be kept apart as text")
+    return [(p, c) for p, c in pieces if p]
 
 
 def chat_ids(tokenizer, question: str, system: str | None = None) -> list[int]:
@@ -105,12 +144,33 @@ class Segment:
 
 
 def segments(tokenizer, messages, add_generation_prompt: bool = True) -> list[Segment]:
-    """The rendered context cut into labelled parts; their IDs concatenated equal context_ids()."""
+    """The rendered context cut into labelled parts; their IDs concatenated equal context_ids() (a message that
+    types a control-token string keeps it as text here too)."""
     messages = validate_messages(messages)
+    guarded = any(s in m["content"] for m in messages for s in control_strings(tokenizer))
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    shown = [{**m, "content": mark} for m, mark in zip(messages, marks)] if guarded else messages
+
+    def unmask(text):
+        for mark, m in zip(marks, messages):
+            text = text.replace(mark, m["content"]) if guarded else text
+        return text
+
+    def ids_of(text):
+        if not guarded:
+            return _ids(tokenizer, text)
+        ids = []
+        for part in re.split("(\ue000\\d+\ue001)", text):
+            if part in marks:
+                ids += _ids(tokenizer, messages[marks.index(part)]["content"], as_text=True)
+            elif part:
+                ids += _ids(tokenizer, part)
+        return ids
+
     out, done = [], ""
-    prefixes = [(m["role"], messages[: i + 1], False) for i, m in enumerate(messages)]
+    prefixes = [(m["role"], shown[: i + 1], False) for i, m in enumerate(messages)]
     if add_generation_prompt:
-        prefixes.append(("generation prompt", messages, True))
+        prefixes.append(("generation prompt", shown, True))
     for label, prefix, gen in prefixes:
         full = tokenizer.apply_chat_template(prefix, tokenize=False, add_generation_prompt=gen)
         assert full.startswith(done), "the chat template is not additive; segments cannot be split"
@@ -120,13 +180,9 @@ def segments(tokenizer, messages, add_generation_prompt: bool = True) -> list[Se
             cut = piece.index("<|im_end|>") + len("<|im_end|>\n")
             out.append(Segment("default system prompt", piece[:cut], _ids(tokenizer, piece[:cut])))
             piece = piece[cut:]
-        out.append(Segment(label, piece, _ids(tokenizer, piece)))
+        out.append(Segment(label, unmask(piece), ids_of(piece)))
         done = full
     return out
-
-
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 @dataclass(frozen=True)

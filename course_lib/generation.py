@@ -32,7 +32,7 @@ import torch
 
 from .forward import as_batch, run_model
 from .kv_cache import length_of, new_cache, rollback
-from .request import (FAILURES, FINISH_REASON, STOP_REASONS, GenerationResult, IncrementalDecoder, Job, Pick,
+from .request import (FAILURES, FINISH_REASON, STOP_REASONS, GenerationResult, HoldBack, IncrementalDecoder, Job, Pick,
                       SpecStats, Step, Stopper, check_request, check_stop_strings, end_of_turn_ids, naive_pieces)
 from .runtime import synchronize
 from .sampling import Sampler, accept_draft, greedy
@@ -220,7 +220,7 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
             if drafted:
                 scheduler.stats.accepted_at.append(len(result.token_ids))
             yield result.record(token, prob, tokenizer, time.perf_counter() - start)
-    return result.finish(job.finish_reason, tokenizer)
+    return result.finish(job.finish_reason, tokenizer, stopper.stop_strings)
 
 
 def generate(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick = greedy,
@@ -243,8 +243,8 @@ class Stream:
     """Text pieces as they are generated; after the last one, `.result` holds the GenerationResult
     (stop reason, steps, timings). "".join(pieces) == result.text."""
 
-    def __init__(self, steps: Iterator[Step], tokenizer):
-        self._steps, self._decoder = steps, IncrementalDecoder(tokenizer)
+    def __init__(self, steps: Iterator[Step], tokenizer, stop_strings: Sequence[str] = ()):
+        self._steps, self._decoder, self._hold = steps, IncrementalDecoder(tokenizer), HoldBack(stop_strings)
         self.result: GenerationResult | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -254,10 +254,10 @@ class Stream:
             except StopIteration as done:
                 self.result = done.value
                 break
-            piece = self._decoder.push(step.token_id)
+            piece = self._hold.push(self._decoder.push(step.token_id))  # a stop string is never sent
             if piece:
                 yield piece
-        rest = self._decoder.flush()
+        rest = self._hold.push(self._decoder.flush()) + self._hold.flush()
         if rest:
             yield rest
 
@@ -269,4 +269,4 @@ def stream(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pick: Pick
     check_request(model, prompt_ids, max_new_tokens)
     check_stop_strings(stop_strings)
     return Stream(generate_steps(model, tokenizer, prompt_ids, max_new_tokens, pick=pick,
-                                 stop_strings=stop_strings, draft=draft, k=k), tokenizer)
+                                 stop_strings=stop_strings, draft=draft, k=k), tokenizer, stop_strings)

@@ -52,8 +52,10 @@ class GenerationResult:
         self.steps.append(step)
         return step
 
-    def finish(self, reason: str, tokenizer) -> "GenerationResult":
-        self.stop_reason, self.text = reason, tokenizer.decode(self.token_ids, skip_special_tokens=True)
+    def finish(self, reason: str, tokenizer, stop_strings=()) -> "GenerationResult":
+        """Set the stop reason and the text; a stop string that ended it is not part of the text (OpenAI's way)."""
+        text = tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        self.stop_reason, self.text = reason, cut_at_stop(text, stop_strings) if reason == "stop_string" else text
         return self
 
     @property
@@ -150,6 +152,47 @@ def check_stop_strings(stop_strings) -> tuple[str, ...]:
         if not isinstance(s, str) or not s:
             raise ValueError(f"every stop string must be a non-empty string, got {s!r}")
     return stops
+
+
+def cut_at_stop(text: str, stop_strings) -> str:
+    """The text before the first stop string in it, or all of it. A stop string ends the answer and is never
+    part of it, streamed or not (OpenAI's behaviour). Example: cut_at_stop("Paris. The", ["."]) -> "Paris"."""
+    ends = [i for i in (text.find(s) for s in stop_strings) if i >= 0]
+    return text[:min(ends)] if ends else text
+
+
+class HoldBack:
+    """Streams text without ever sending a stop string: a tail of the text that could be the start of one is held
+    back until the next piece shows it is not; at a match, only the text before it goes out, then nothing.
+    "".join(pushed pieces, flush()) == cut_at_stop(all the text). Without stop strings, pieces pass unchanged."""
+
+    def __init__(self, stop_strings=()):
+        self.stops = tuple(stop_strings)
+        self.longest = max((len(x) for x in self.stops), default=0)
+        self.text, self.sent, self.stopped = "", 0, False
+
+    def push(self, piece: str) -> str:
+        if self.stopped or not piece:
+            return ""
+        self.text += piece
+        if not self.stops:
+            return self._send(len(self.text))
+        region = max(0, len(self.text) - len(piece) - self.longest + 1)  # a new match must end in the new piece
+        cut = cut_at_stop(self.text[region:], self.stops)
+        if len(cut) < len(self.text) - region:
+            self.stopped = True
+            return self._send(region + len(cut))
+        held = max((k for x in self.stops for k in range(1, len(x)) if self.text.endswith(x[:k])), default=0)
+        return self._send(len(self.text) - held)
+
+    def flush(self) -> str:
+        """The end: whatever was held back goes out, unless a stop string ended the text."""
+        return "" if self.stopped else self._send(len(self.text))
+
+    def _send(self, upto: int) -> str:
+        out = self.text[self.sent:upto] if upto > self.sent else ""
+        self.sent = max(self.sent, upto)
+        return out
 
 
 class IncrementalDecoder:

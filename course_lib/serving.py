@@ -38,6 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .batching import ContinuousBatch, Job
 from .context import context_ids
 from .generation import FAILURES, FINISH_REASON, IncrementalDecoder, Stopper, end_of_turn_ids
+from .request import HoldBack, cut_at_stop
 from .openai_api import ApiError, error_body, parse_chat_request
 from .paged import blocks_for
 from .sampling import SamplingConfig, make_sampler
@@ -278,6 +279,8 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         if job.finish_reason in FAILURES:
             return _failure(job)
         text = tokenizer.decode(ids, skip_special_tokens=True)
+        if job.finish_reason == "stop_string":  # the stop string ends the answer and is not part of it
+            text = cut_at_stop(text, job.stopper.stop_strings)
         return JSONResponse({
             "id": job.name, "object": "chat.completion", "created": created, "model": model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -317,14 +320,15 @@ async def _events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: str, c
             body["usage"] = extra.get("usage")
         return "data: " + json.dumps(body) + "\n\n"
     decoder, count = IncrementalDecoder(tokenizer), 0
+    hold = HoldBack(getattr(job.stopper, "stop_strings", ()))  # a stop string is never sent, even in part
     try:
         yield chunk({"role": "assistant", "content": ""})
         while (token := await tokens.get()) is not None:
             count += 1
-            piece = decoder.push(token)
+            piece = hold.push(decoder.push(token))
             if piece:
                 yield chunk({"content": piece})
-        rest = decoder.flush()
+        rest = hold.push(decoder.flush()) + hold.flush()
         if rest:
             yield chunk({"content": rest})
         if job.finish_reason in FAILURES:  # the headers are sent: the error goes in the stream, as OpenAI's does

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from course_lib import batching
-from course_lib.attention_kernels import (Partial, decode_plan, gather_decode, merge, online_softmax, paged_decode,
+from course_lib.attention_kernels import (Partial, attention_traffic, decode_plan, gather_decode, merge, online_softmax, paged_decode,
                                           paged_decode_by_hand, partial_attention, score_matrix_bytes, tiled_attention)
 from course_lib.context import chat_ids, handbook_ids, HANDBOOK_QUESTIONS
 from course_lib.measure.attention import peak_bytes, scattered_rows
@@ -106,6 +106,15 @@ def test_tiled_attention_refuses_mismatched_shapes(real_qkv):
     q, k, v = real_qkv
     with pytest.raises(ValueError, match="keys cover"):
         tiled_attention(q, k[:, :, :10], v[:, :, :10])
+
+
+def test_traffic_counts_follow_the_shapes():
+    out = attention_traffic(1024, 9, 3, 64)
+    scores = 9 * 1024 * 1024 * 4
+    assert out["written"] == 2 * scores + 9 * 1024 * 64 * 4
+    tiles = attention_traffic(1024, 9, 3, 64, tile=256)  # 4 query tiles read 1 + 2 + 3 + 4 key/value tiles
+    assert tiles["read"] == 9 * 1024 * 64 * 4 + 10 * 2 * 3 * 256 * 64 * 4
+    assert tiles["written"] < out["written"] / 30  # the output only, against two score matrices
 
 
 def test_the_score_matrix_size_follows_the_formula():

@@ -131,6 +131,7 @@ def test_attention_section_reports_its_keys(model, tokenizer):
         rows, tokens = map(int, name.split("x"))  # the gather copies keys and values of every row, every layer
         assert a["gather_bytes_per_step"][name] == 2 * 30 * rows * (tokens + 1) * 3 * 64 * 4
     assert a["naive_peak_bytes"] > a["tiled_peak_bytes"] > 0  # the whole score matrix against tiles of it
+    assert a["lesson13_trace"]["same_tokens"] is True and set(a["lesson13_trace"]["seconds"]) == {"paged", "gather"}
     assert {b["block_size"] for b in a["block_sizes"]} == {8, 16, 32}
     names = [what for what, _, _ in targets(result)]
     assert any("no slower than the gather" in n for n in names)

@@ -38,7 +38,8 @@ def test_stop_reasons(model, tokenizer):
     short = generate(model, tokenizer, ids, max_new_tokens=3)
     assert short.stop_reason == "max_new_tokens" and len(short.token_ids) == 3
     stopped = generate(model, tokenizer, ids, max_new_tokens=40, stop_strings=("France",))
-    assert stopped.stop_reason == "stop_string" and stopped.text.endswith("France")
+    assert stopped.stop_reason == "stop_string" and stopped.text == "The capital of "  # the stop string is cut
+    assert tokenizer.decode(stopped.token_ids).endswith("France")  # it was generated, then cut from the text
 
 
 def test_steps_are_recorded_in_time_order(model, tokenizer):
@@ -109,3 +110,10 @@ def test_streamed_text_equals_generated_text(model, tokenizer, question):
 def test_stream_stops_on_bad_request(model, tokenizer):
     with pytest.raises(ValueError, match="empty"):
         list(stream(model, tokenizer, [], max_new_tokens=5))
+
+
+def test_a_stream_never_sends_its_stop_string(model, tokenizer):
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    s = stream(model, tokenizer, ids, 30, stop_strings=["France", "Paris"])
+    pieces = list(s)
+    assert "".join(pieces) == s.result.text == "The capital of " and s.result.stop_reason == "stop_string"

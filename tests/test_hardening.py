@@ -100,7 +100,7 @@ def test_incremental_decoder_decodes_a_short_window_and_joins_exactly(tokenizer)
 def test_stop_string_found_across_pieces(model, tokenizer):
     ids = chat_ids(tokenizer, "What is the capital of France?")
     r = generate(model, tokenizer, ids, 30, stop_strings=["of Fr"])
-    assert r.stop_reason == "stop_string" and r.text.endswith("of France")  # "France" is one token
+    assert r.stop_reason == "stop_string" and r.text == "The capital "  # "France" is one token; "of Fr" is cut
 
 
 def test_tokens_of_refuses_ids_outside_the_vocabulary(tokenizer):
@@ -123,3 +123,20 @@ def test_budget_must_be_a_positive_int(tokenizer, budget):
         fit_to_budget(tokenizer, messages, budget)
     with pytest.raises(ValueError, match="budget"):
         budget_report(tokenizer, messages, budget)
+
+
+def test_hold_back_never_sends_a_stop_string_whatever_the_pieces():
+    """Every way of cutting a text into pieces: the pieces sent join to the text before the first stop string."""
+    import random
+    from course_lib.request import HoldBack, cut_at_stop
+    rng = random.Random(0)
+    for text, stops in [("The capital of France is Paris.", ["of Fr", "is"]), ("aaab", ["ab"]), ("xyz", ["q"]),
+                        ("stop at the end.", ["end."]), ("ab", ["abc"]), ("", ["a"]), ("a..b", [".", ".."])]:
+        for _ in range(30):
+            cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, max(0, len(text) - 1)))) if len(text) > 1 else []
+            pieces = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
+            hold = HoldBack(stops)
+            sent = [hold.push(p) for p in pieces] + [hold.flush()]
+            assert "".join(sent) == cut_at_stop(text, stops), (text, pieces, sent)
+            assert not any(s in "".join(sent) for s in stops)
+    assert HoldBack().push("abc") == "abc"  # no stop strings: nothing held

@@ -142,7 +142,10 @@ def test_health_and_models(server):
 
 def test_stop_strings_reach_the_server_through_the_shared_loop(client):
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, stop=["France"], temperature=0)
-    assert reply.choices[0].message.content == "The capital of France" and reply.choices[0].finish_reason == "stop"
+    assert reply.choices[0].message.content == "The capital of " and reply.choices[0].finish_reason == "stop"
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=QUESTION, stop=["of Fr", "zzz"], temperature=0, stream=True)]
+    assert "".join(pieces) == "The capital "  # streamed: never a piece of the stop string, even "of" alone
     reply = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, temperature=0)
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
 

@@ -161,10 +161,21 @@ def prefill_peaks(model, tokens: int) -> dict:
                                                                                  enable_gqa=True))[0]}
 
 
+def trace_runs(model, tokenizer, new_tokens: int = 96) -> dict:
+    """Lesson 13's trace (three handbook questions sharing 1,100 tokens, five short chats, arriving 2 steps apart)
+    served twice on the course's model, decode through the tables and gathered: seconds, tokens per second, and
+    whether every request got the same tokens both ways."""
+    from .trace import run_trace, trace_jobs
+    jobs, arrivals = trace_jobs(model, tokenizer, new_tokens)
+    runs = {name: run_trace(model, jobs, arrivals, 400, attention=name) for name in ("paged", "gather")}
+    return {"seconds": {n: r.seconds for n, r in runs.items()}, "tokens_per_s": {n: r.tokens_per_s for n, r in runs.items()},
+            "same_tokens": [j.tokens for j in runs["paged"].jobs] == [j.tokens for j in runs["gather"].jobs]}
+
+
 def attention_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 16 on the course's model (float32, its own model on the library's weights): equality on real tensors,
     the decode step through the tables against the gather (4 rows of about 1,000 tokens, 1 row of 4,000; block sizes
-    at 4 x 1,000), and prefill peak memory at 4,096 tokens."""
+    at 4 x 1,000), lesson 13's whole trace served both ways, and prefill peak memory at 4,096 tokens."""
     from ..model import Model
     ours = Model.from_transformers(model if model.dtype == torch.float32 else model.float(), dtype=torch.float32)
     shapes = {"4x1000": (4, 1000), "1x4000": (1, 4000)} if not quick else {"2x40": (2, 40), "1x80": (1, 80)}
@@ -173,7 +184,8 @@ def attention_section(model, tokenizer, quick: bool = False) -> dict:
     blocks = [step_times(ours, *first, block_size=bs, repeats=2 if quick else 5) for bs in ((8, 32) if quick else (8, 32, 64))]
     peaks = prefill_peaks(ours, 1024 if quick else 4096)
     equality = same_output(ours, tokenizer)
-    return {"same_output": equality["same"], "equality": equality,
+    trace = trace_runs(ours, tokenizer, 4 if quick else 96)
+    return {"same_output": equality["same"] and trace["same_tokens"], "equality": equality, "lesson13_trace": trace,
             "gather_bytes_per_step": {n: s["gather_bytes"] for n, s in steps.items()},
             "paged_step_ms": {n: s["paged_ms"] for n, s in steps.items()},
             "gather_step_ms": {n: s["gather_ms"] for n, s in steps.items()},

@@ -354,6 +354,9 @@ def format_report(result: dict) -> str:
                          f"{a['step_peak_bytes'][name]['paged'] / 1e6:.1f} vs {a['step_peak_bytes'][name]['gather'] / 1e6:.1f} MB")
         lines.append("attention block sizes: " + ", ".join(f"{b['block_size']}: {b['paged_ms']:.1f} vs {b['gather_ms']:.1f} ms"
                                                            for b in a["block_sizes"]))
+        t = a["lesson13_trace"]
+        lines.append(f"attention on lesson 13's trace: {t['tokens_per_s']['paged']:.1f} tok/s through the tables, "
+                     f"{t['tokens_per_s']['gather']:.1f} gathered (same tokens: {t['same_tokens']})")
         lines.append(f"attention prefill of {a['prefill_tokens']} tokens, one layer, peak allocated: written out "
                      f"{a['naive_peak_bytes'] / 1e6:.0f} MB, tiled {a['tiled_peak_bytes'] / 1e6:.1f} MB, SDPA "
                      f"{a['sdpa_peak_bytes'] / 1e6:.1f} MB")

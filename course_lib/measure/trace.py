@@ -66,11 +66,11 @@ class TraceRun:
 
 
 def run_trace(model, jobs: list[Job], arrivals: list[int], num_blocks: int, policy: str = "preempt",
-              max_batch: int = 8, prefix_caching: bool = True) -> TraceRun:
-    """Serve the trace on a fresh pool of num_blocks blocks. The jobs are copied: the same list can be run
-    again under another policy."""
+              max_batch: int = 8, prefix_caching: bool = True, attention: str = "paged") -> TraceRun:
+    """Serve the trace on a fresh pool of num_blocks blocks (decode attention `attention`: paged.ATTENTION).
+    The jobs are copied: the same list can be run again under another policy."""
     jobs = [Job(j.name, list(j.prompt), j.new_tokens, j.stop_ids, j.pick) for j in jobs]
-    pool = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching)
+    pool = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching, attention=attention)
     start = time.perf_counter()
     batch = run_paged(model, jobs, pool, policy, max_batch, arrivals)
     seconds = time.perf_counter() - start

@@ -68,7 +68,8 @@ print("identical tokens:", result.token_ids == theirs[0, len(question_ids):].tol
 #
 # - the model emits an **end-of-turn token** (read from its generation config);
 # - the **maximum number of new tokens** is reached;
-# - a **stop string** appears in the text (useful to cut at a delimiter).
+# - a **stop string** appears in the text (useful to cut at a delimiter); the answer ends just before it: the
+#   stop string itself is never part of the text, streamed or not (OpenAI's API behaves the same).
 
 # %%
 print("end-of-turn IDs:", {i: tokenizer.decode([i]) for i in end_of_turn_ids(model, tokenizer)})

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 import course_lib
 from course_lib import plots_kernels
-from course_lib.attention_kernels import (decode_plan, merge, online_softmax, paged_decode, paged_decode_by_hand,
+from course_lib.attention_kernels import (attention_traffic, decode_plan, merge, online_softmax, paged_decode, paged_decode_by_hand,
                                           partial_attention, score_matrix_bytes, tiled_attention)
 from course_lib.context import HANDBOOK_QUESTIONS, handbook_ids
 from course_lib.forward import run_model
@@ -175,9 +175,15 @@ tiled_peak = peak_bytes(lambda: tiled_attention(q, k, v, tile_q=256, tile_k=256)
 sdpa_peak = peak_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))[0]
 print(f"4,096 tokens, one layer: tiled {tiled_peak / 1e6:.1f} MB at its peak, SDPA {sdpa_peak / 1e6:.1f} MB; "
       f"written out it would hold {2 * score_matrix_bytes(4096, H) / 1e6:,.0f} MB of scores and probabilities")
+for n in (4096, 8192):  # counted from the shapes: what each version moves to and from memory
+    out, tiles = attention_traffic(n, H, KV, D), attention_traffic(n, H, KV, D, tile=256)
+    print(f"{n} tokens, one layer: written out reads {out['read'] / 1e6:,.0f} MB and writes {out['written'] / 1e6:,.0f} MB; "
+          f"in tiles of 256 it reads {tiles['read'] / 1e6:,.0f} MB and writes {tiles['written'] / 1e6:,.0f} MB")
 
 # %% [markdown]
-# Our version allocates more than SDPA's kernel (a tile of scores, of probabilities and of partial outputs
+# The counts say where the time of a long prefill goes when the matrix is written out: moving it, four
+# passes over T x T numbers per head, against re-reading the keys and values once per query tile. Our
+# version allocates more than SDPA's kernel (a tile of scores, of probabilities and of partial outputs
 # per step, each a separate tensor), but beyond its output a fixed amount: nothing in it grows with the
 # square of the context.
 #
