@@ -77,20 +77,30 @@ def plot_block_walk(blocks: list[int], shares: list[float], ax=None,
 
 
 def plot_decode_attention(by_context: list[dict], by_block: list[dict]):
-    """Left: ms per decode step against tokens per row, through the tables and gathered. Right: the same at one
-    context for several block sizes. Each dict: tokens, block_size, paged_ms, gather_ms (measure.attention.step_times)."""
+    """Left: ms per decode step against tokens per row, through the tables and gathered (median, bars from the
+    fastest to the slowest repeat). Right: the same at one context for several block sizes. Each dict: tokens,
+    block_size, paged_ms, gather_ms and their *_range_ms (measure.attention.step_times)."""
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     x = [r["tokens"] for r in by_context]
-    left.plot(x, [r["gather_ms"] for r in by_context], "o-", color=PALETTE[3], label="gather, then attention")
-    left.plot(x, [r["paged_ms"] for r in by_context], "o-", color=PALETTE[0], label="through the block tables")
+
+    def spread(rows, name):  # error bars from the median to the fastest and slowest of the repeats
+        lo_hi = [r.get(f"{name}_range_ms", (r[f"{name}_ms"],) * 2) for r in rows]
+        return [[r[f"{name}_ms"] - lo for r, (lo, _) in zip(rows, lo_hi)], [hi - r[f"{name}_ms"] for r, (_, hi) in zip(rows, lo_hi)]]
+
+    left.errorbar(x, [r["gather_ms"] for r in by_context], yerr=spread(by_context, "gather"), fmt="o-", capsize=3,
+                  color=PALETTE[3], label="gather, then attention")
+    left.errorbar(x, [r["paged_ms"] for r in by_context], yerr=spread(by_context, "paged"), fmt="o-", capsize=3,
+                  color=PALETTE[0], label="through the block tables")
     left.set_xlabel(f"tokens per row ({by_context[0]['rows']} rows)")
     left.set_ylabel("ms per decode step (whole model)")
     left.legend(fontsize=8)
     left.set_title("Decode step against context")
     sizes = [str(r["block_size"]) for r in by_block]
     pos = np.arange(len(sizes))
-    right.bar(pos - 0.2, [r["gather_ms"] for r in by_block], 0.4, color=PALETTE[3], label="gather")
-    right.bar(pos + 0.2, [r["paged_ms"] for r in by_block], 0.4, color=PALETTE[0], label="through the tables")
+    right.bar(pos - 0.2, [r["gather_ms"] for r in by_block], 0.4, yerr=spread(by_block, "gather"), capsize=3,
+              color=PALETTE[3], label="gather")
+    right.bar(pos + 0.2, [r["paged_ms"] for r in by_block], 0.4, yerr=spread(by_block, "paged"), capsize=3,
+              color=PALETTE[0], label="through the tables")
     right.set_xticks(pos)
     right.set_xticklabels(sizes)
     right.set_xlabel(f"block size (tokens), {by_block[0]['rows']} rows x {by_block[0]['tokens']} tokens")

@@ -56,12 +56,45 @@ def token_texts(tokenizer) -> tuple[str, ...]:
     return _texts(tokenizer)
 
 
+@functools.lru_cache(maxsize=4)
+def _bytes(tokenizer) -> tuple[bytes, ...]:
+    from .tokenization import tokens_of
+    return tuple(b"" if t.special else t.raw for t in tokens_of(tokenizer, range(len(tokenizer))))
+
+
+def token_bytes(tokenizer) -> tuple[bytes, ...]:
+    """The exact bytes of every token ID (b"" for special tokens), computed once per tokenizer. A token may hold
+    part of a character: "日" is three bytes, and may come as three tokens whose texts alone are each U+FFFD."""
+    return _bytes(tokenizer)
+
+
+def _complete_prefix(data: bytes) -> str | None:
+    """data decoded, if it is valid UTF-8 that ends with a whole character; None if it ends inside a character
+    (or is not UTF-8 at all)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 class PrefixMask:
     """A hand-written mask for a tiny language given by two tests on a string: `is_prefix` (can still become
-    valid) and `is_complete` (valid as it stands)."""
+    valid) and `is_complete` (valid as it stands). It works on bytes underneath: a token that ends inside a
+    character is allowed when `is_prefix_bytes` says the bytes so far can still become valid (the default
+    asks `is_prefix` of the whole characters only once they are whole, so it refuses a split character: right
+    for ASCII languages; ChoiceMask overrides it to accept any answer's bytes)."""
 
     def __init__(self, tokenizer, end_id: int):
-        self.texts, self.end_id, self.text = token_texts(tokenizer), end_id, ""
+        self.pieces, self.end_id, self.data = token_bytes(tokenizer), end_id, b""
+
+    @property
+    def text(self) -> str:
+        """The output so far (a character still missing bytes shows as U+FFFD)."""
+        return self.data.decode("utf-8", errors="replace")
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self.data = value.encode("utf-8")
 
     def is_prefix(self, s: str) -> bool:
         raise NotImplementedError
@@ -69,15 +102,20 @@ class PrefixMask:
     def is_complete(self, s: str) -> bool:
         raise NotImplementedError
 
+    def is_prefix_bytes(self, data: bytes) -> bool:
+        s = _complete_prefix(data)
+        return s is not None and self.is_prefix(s)
+
     def allowed(self) -> torch.Tensor:
         """(V,) bool: which tokens keep the output a valid prefix now."""
-        ok = [bool(t) and self.is_prefix(self.text + t) for t in self.texts]
-        ok[self.end_id] = self.is_complete(self.text)
+        ok = [bool(b) and self.is_prefix_bytes(self.data + b) for b in self.pieces]
+        done = _complete_prefix(self.data)
+        ok[self.end_id] = done is not None and self.is_complete(done)
         return torch.tensor(ok)
 
     def consume(self, token: int) -> None:
         if token != self.end_id:
-            self.text += self.texts[token]
+            self.data += self.pieces[token]
 
 
 class ChoiceMask(PrefixMask):
@@ -91,6 +129,9 @@ class ChoiceMask(PrefixMask):
 
     def is_prefix(self, s: str) -> bool:
         return any(c.startswith(s) for c in self.choices)
+
+    def is_prefix_bytes(self, data: bytes) -> bool:  # any answer's bytes, so a split character is allowed midway
+        return any(c.encode("utf-8").startswith(data) for c in self.choices)
 
     def is_complete(self, s: str) -> bool:
         return s in self.choices

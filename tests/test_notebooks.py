@@ -41,11 +41,16 @@ def test_notebook_shape():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.setenv("COURSE_DEVICE", "cpu")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    # the inline backend, as a learner's JupyterLab has: the executed copies keep their figures (Agg would draw
+    # them to nowhere), so they can be looked at after a run
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="llm-course", resources={"metadata": {"path": str(path.parent)}})
     client.execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, ARTIFACTS / path.name)  # the executed copy, for a look after the run
+    nbformat.write(nb, ARTIFACTS / path.name)  # the executed copy, figures included, for a look after the run
+    shows = sum(c.source.count("plt.show()") for c in nb.cells if c.cell_type == "code")
+    images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert images >= shows, f"{shows} plt.show() calls but {images} figures kept"

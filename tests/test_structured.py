@@ -82,3 +82,24 @@ def test_pattern_and_choice_rules(tokenizer):
     assert c.is_prefix("ye") and not c.is_prefix("yo") and c.is_complete("no") and not c.is_complete("n")
     with pytest.raises(ValueError, match="choices"):
         ChoiceMask(tokenizer, 2, [])
+
+
+@pytest.mark.parametrize("answer", ["日本", "café", "🙂 ok"])
+def test_a_choice_mask_allows_a_non_ascii_answer_token_by_token(tokenizer, answer):
+    """Masks work on bytes: an answer whose characters the tokenizer splits across tokens (each fragment's text
+    alone is U+FFFD) is still allowed at every step, and the end only once it is whole."""
+    ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    mask = ChoiceMask(tokenizer, 2, [answer, "no"])
+    for i, t in enumerate(ids):
+        allowed = mask.allowed()
+        assert allowed[t], (answer, i, tokenizer.decode([t]))
+        assert not allowed[2]  # not finished yet
+        mask.consume(t)
+    assert mask.allowed()[2] and mask.text == answer
+
+
+def test_some_answer_above_is_split_inside_a_character(tokenizer):
+    """The test above can fail a mask that works on decoded strings: at least one of its answers has a token that
+    decodes to U+FFFD alone."""
+    pieces = [tokenizer.decode([t]) for a in ["日本", "café", "🙂 ok"] for t in tokenizer(a, add_special_tokens=False)["input_ids"]]
+    assert any("\ufffd" in p for p in pieces)

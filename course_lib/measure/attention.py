@@ -111,7 +111,8 @@ def step_times(model, rows: int, tokens: int, block_size: int = 16, repeats: int
             times[name].append(best_of(lambda: decode_step(model, pool, seqs), 1, model.device)[0])
     peaks = {name: peak_bytes(lambda: decode_step(model, pool, seqs))[0] for name, (pool, seqs) in runs.items()}
     paged, gather = 1000 * median(times["paged"]), 1000 * median(times["gather"])
-    return {"rows": rows, "tokens": tokens, "block_size": block_size, "paged_ms": paged, "gather_ms": gather,
+    spread = {f"{name}_range_ms": (1000 * min(t), 1000 * max(t)) for name, t in times.items()}
+    return {"rows": rows, "tokens": tokens, "block_size": block_size, "paged_ms": paged, "gather_ms": gather, **spread,
             "speedup": gather / paged, "gather_bytes": gather_bytes(*runs["gather"]),
             "paged_peak_bytes": peaks["paged"], "gather_peak_bytes": peaks["gather"]}
 

@@ -66,7 +66,9 @@ for text, answer in free.items():
 # ## 2. A mask by hand
 #
 # For a tiny language we can compute the mask ourselves: a token is allowed if the text so far plus the
-# token's text is still a valid prefix; the end-of-turn token only where the language may end. Yes or no:
+# token's text is still a valid prefix; the end-of-turn token only where the language may end. The course's
+# masks compare bytes, not decoded text: a token may carry part of a character (a CJK character or an emoji
+# often comes as several tokens), and its text alone is then U+FFFD, which no answer starts with. Yes or no:
 
 # %%
 log = MaskLog()
