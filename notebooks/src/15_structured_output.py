@@ -143,6 +143,29 @@ print("6 tokens:", repr(short.text), "| complete:", short.complete, "| value:", 
 # %% [markdown]
 # That is why the course's schemas give every string a `maxLength` (and numbers bounds: exercise 3).
 #
+# ## 7. Through the API, as an application asks
+#
+# Applications do not call `generate_json`: they send `response_format` to an OpenAI-compatible server.
+# Lesson 10's server takes it and runs the same mask; here with the official `openai` client, on loopback:
+
+# %%
+import openai
+from course_lib.serving import free_port, start_server
+
+server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=96)
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", timeout=120, max_retries=0)
+first = receipts()[0]
+reply = client.chat.completions.create(
+    model="smollm2-135m-instruct", messages=receipt_request(first["text"]), temperature=0, max_tokens=96,
+    response_format={"type": "json_schema", "json_schema": {"name": "receipt", "schema": RECEIPT_SCHEMA}})
+answer = reply.choices[0].message.content
+print(answer, "|", verdict(answer), "| finish:", reply.choices[0].finish_reason)
+server.stop()
+
+# %% [markdown]
+# The same request without `response_format` is section 1's free answer. A server that cannot compile the
+# schema answers 400 before generating anything (section 6's refusal, in the API's error shape).
+#
 # ## Summary
 #
 # - A grammar mask sets the logit of every token that would break the format to minus infinity; the
