@@ -15,21 +15,26 @@ import time
 import torch
 import torch.nn.functional as F
 
+from .runtime import synchronize
+
 LAYOUTS = ("auto", "rows", "columns")
 LAYOUT_GAIN = 1.25  # note: by columns only when clearly faster (measured here: o 1.1-1.2, q|k|v 1.3-1.8)
 _layout_seen: dict[tuple, str] = {}
 
 
-def cold_seconds(fn, repeats: int = 5) -> float:
+def cold_seconds(fn, repeats: int = 5, device="cpu") -> float:
     """Best time of `fn()` with the CPU's caches emptied before each call (64 MB written), as in a decode
-    step, where each weight matrix comes from memory."""
+    step, where each weight matrix comes from memory. On a GPU the device is synchronized around each call
+    (its kernels run asynchronously: without it the clock would time only their launch)."""
     flush = torch.ones(64 * 2**20 // 4)
     fn()  # warm-up
     best = float("inf")
     for _ in range(repeats):
         flush.add_(1.0)
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -48,7 +53,8 @@ def layout_gain(weight: torch.Tensor, megabytes: int = 16) -> float:
     emptied, over copies_of(W)."""
     rows, columns = copies_of(weight, "rows", megabytes), copies_of(weight, "columns", megabytes)
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)  # (1, in): one token
-    return cold_seconds(lambda: [F.linear(x, w) for w in rows]) / cold_seconds(lambda: [F.linear(x, w) for w in columns])
+    return (cold_seconds(lambda: [F.linear(x, w) for w in rows], device=weight.device)
+            / cold_seconds(lambda: [F.linear(x, w) for w in columns], device=weight.device))
 
 
 def fastest_layout(weight: torch.Tensor) -> str:
@@ -102,8 +108,9 @@ def several_rows_gain(weight: torch.Tensor, rows: int = 5, megabytes: int = 16) 
     """How many times faster oneDNN's kernel is than MKL's (F.linear) for `rows` tokens at once (a verify
     pass of four drafted tokens, a small batch), on W as stored, caches emptied."""
     ws = copies_of(weight, layout_of(weight), megabytes)
-    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)  # (rows, in)
-    return cold_seconds(lambda: [F.linear(x, w) for w in ws], 7) / cold_seconds(lambda: [onednn_linear(x, w) for w in ws], 7)
+    x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)  # (rows, in)
+    return (cold_seconds(lambda: [F.linear(x, w) for w in ws], 7, weight.device)
+            / cold_seconds(lambda: [onednn_linear(x, w) for w in ws], 7, weight.device))
 
 
 def several_rows_kernel(weight: torch.Tensor, kernel: str = "auto") -> str:

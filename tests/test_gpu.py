@@ -76,3 +76,22 @@ def test_the_paged_cache_on_the_gpu(gpu):
         alone = generate(ours, tokenizer, p, 24, stop_ids={2}).token_ids
         assert job.tokens[:4] == alone[:4]
     assert pool.manager.num_used == 0
+
+
+def test_lesson_16_kernels_on_the_gpu():
+    """Tiled attention and the paged decode run on CUDA as on the CPU (the same torch code) and meet their references."""
+    import torch.nn.functional as F
+    from course_lib.attention_kernels import decode_plan, gather_decode, paged_decode, tiled_attention
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, h, 300, 64, device="cuda", generator=g) for h in (9, 3, 3))
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert (tiled_attention(q, k, v, tile_q=64, tile_k=64) - ref).abs().max() <= 1e-4
+    keys, values = (torch.randn(64 * 16, 3, 64, device="cuda", generator=g) for _ in range(2))
+    tables = torch.randperm(64, device="cuda", generator=g)[:40].view(2, 20)
+    lengths = torch.tensor([317, 150], device="cuda")
+    read = torch.stack([torch.cat([torch.full((320 - n,), int(t[0]) * 16, device="cuda"),
+                                   (t[:, None] * 16 + torch.arange(16, device="cuda")).flatten()[:n]])
+                        for t, n in zip(tables, lengths.tolist())])
+    qd = torch.randn(2, 9, 64, device="cuda", generator=g)
+    out = paged_decode(qd, keys, values, decode_plan(tables, lengths, 16, 128, 2), 16)
+    assert (out - gather_decode(qd, keys, values, read, lengths)).abs().max() <= 1e-4
