@@ -107,6 +107,24 @@ def describe_device(device: torch.device) -> dict:
     return info
 
 
+def cpu_bfloat16() -> str:
+    """Whether this CPU reports bfloat16 arithmetic instructions: "yes (avx512_bf16, amx_bf16...)", "no" or
+    "unknown" (read from /proc/cpuinfo's flags on Linux, `sysctl` on an Apple Silicon Mac; elsewhere unknown)."""
+    import platform
+    try:
+        if platform.system() == "Linux":
+            flags = next(line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags"))
+            found = [f for f in flags if f in ("avx512_bf16", "amx_bf16", "avx_ne_convert")]
+            return f"yes ({', '.join(found)})" if found else "no (no avx512_bf16 or amx_bf16 flag)"
+        if platform.system() == "Darwin" and platform.machine() == "arm64":
+            import subprocess
+            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True).stdout
+            return "yes (FEAT_BF16)" if out.strip() == "1" else "no (no FEAT_BF16)"
+    except (OSError, StopIteration):
+        pass
+    return "unknown"
+
+
 @dataclass
 class Timing:
     """Seconds measured for one piece of work; `seconds` holds every repeat, `best` the fastest."""

@@ -166,18 +166,30 @@ for n in ["float32", "bfloat16", "int8", "int4"]:
 # ## 6. Prefill is a different story
 #
 # Prefill multiplies many tokens by each weight matrix at once: it is bound by arithmetic, not by reading.
-# What can help it is faster arithmetic (this CPU has bfloat16 instructions), not fewer bytes; the
-# weight-only kernels are built for one row and unpack every weight again for each block of rows.
+# What can help it is faster arithmetic, not fewer bytes: bfloat16 arithmetic where the CPU has
+# instructions for it (the first line below says whether this one reports them), while the weight-only
+# kernels are built for one row and unpack every weight again for each block of rows.
 
 # %%
+from course_lib.runtime import cpu_bfloat16
+
+print("bfloat16 instructions on this CPU:", cpu_bfloat16(), "| threads:", torch.get_num_threads())
 long_prompt = prompts[0] * 4  # about 100 tokens
+prefill_ms = {}
 for n in ["float32", "bfloat16", "int8", "int4"]:
-    t = time_it(lambda n=n: prefill(models[n], long_prompt), repeats=2)
-    print(f"{n:<9} prefill of {len(long_prompt)} tokens: {t.best * 1000:6.1f} ms")
+    t = time_it(lambda n=n: prefill(models[n], long_prompt), repeats=3)
+    prefill_ms[n] = 1000 * t.best
+    print(f"{n:<9} prefill of {len(long_prompt)} tokens: {prefill_ms[n]:6.1f} ms (best of 3; slowest {1000 * max(t.seconds):.1f})")
+fastest = min(prefill_ms, key=prefill_ms.get)
+print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32'] / prefill_ms['bfloat16']:.2f}x float32's "
+      f"speed, int4 at {prefill_ms['float32'] / prefill_ms['int4']:.2f}x")
 
 # %% [markdown]
-# Compare the four timings above: in the runs made for this lesson bfloat16 was the fastest prefill
-# and int8 and int4 were no faster than float32, the reverse of their decode order.
+# Read the verdict line. Where the CPU reports bfloat16 instructions, bfloat16 prefill is usually the
+# fastest of the four (the committed runs on the course's machine, which has them, say so); without them,
+# bfloat16 is emulated and can be the slowest by far. int8 and int4 are usually no faster than float32 at
+# prefill, the reverse of their decode order. A loaded machine can reorder close timings: rerun the cell
+# before you draw a conclusion from a gap of a few percent.
 #
 # ## Summary
 #
@@ -188,7 +200,8 @@ for n in ["float32", "bfloat16", "int8", "int4"]:
 # - The course's weights are the file's own 4-bit blocks, so the 4-bit formats cost only rounding; with
 #   bfloat16 activations they are the fastest here, and their top token mostly agrees with float32's
 #   (the table above gives the figure measured in this run).
-# - Prefill is bound by arithmetic: weight-only formats do not speed it up; bfloat16 arithmetic can.
+# - Prefill is bound by arithmetic: weight-only formats do not speed it up; bfloat16 arithmetic can, on a CPU
+#   that has instructions for it (section 6 printed whether this one does, and what it measured).
 # - The output head is the most sensitive matrix: in 4 bits it costs far more agreement than the layers.
 #
 # ---

@@ -203,7 +203,9 @@ plt.show()
 
 # %% [markdown]
 # Read the two rows. Reject keeps every admitted request safe but turns away whatever it cannot reserve
-# in full, even though most reservations are never used. Preempt finishes everything; the price is the
+# in full, even the part of a reservation a request that stops early never uses (section 1 printed how many
+# requests of this trace stopped early: here the paged cache's saving comes mostly from the shared
+# handbook, not from unused allowances). Preempt finishes everything; the price is the
 # work it redoes, printed above, and the later finish of the paused requests. Lesson 07's simulation
 # counted tokens; here the blocks, the pauses and the recomputation are real.
 
