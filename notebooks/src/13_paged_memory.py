@@ -74,7 +74,8 @@ plt.show()
 # system prompt to each (lesson 02), and its full blocks are found in the cache.
 #
 # The price is at most one partly filled block per sequence (fewer than 16 slots each) and an indirection:
-# attention must find each token's keys through the table.
+# at each decode step, attention reads a sequence's keys and values block by block through its table
+# (lesson 16 writes that attention and measures it against copying the blocks out first).
 
 # %% [markdown]
 # **Try it: the block size.** The trace's final sequences (each prompt with its answer), all held at once,
@@ -95,7 +96,8 @@ print(f"least memory with blocks of {least['block_size']} token(s); blocks of 16
 
 # %% [markdown]
 # Small blocks leave almost no slot empty and share every common token, but the tables grow long: one
-# entry per block, and attention follows every entry. Large blocks keep tables short, but each
+# entry per block, and decode attention follows every entry (lesson 16 times the step at several block
+# sizes). Large blocks keep tables short, but each
 # sequence's last block stands partly empty and only whole blocks are shared, so part of a common prefix
 # is stored once per sequence. Servers settle in between (vLLM's default is 16 tokens).
 
