@@ -101,10 +101,20 @@ def describe_device(device: torch.device) -> dict:
         props = torch.cuda.get_device_properties(device)
         info.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1))
     elif device.type == "cpu":
-        info.update(name=f"CPU ({os.cpu_count()} logical cores)")
+        info.update(name=f"CPU ({os.cpu_count()} logical cores)", model=_cpu_model(),
+                    vector_unit=torch.backends.cpu.get_cpu_capability(), bfloat16=cpu_bfloat16())
     else:
         info.update(name=device.type.upper())
     return info
+
+
+def _cpu_model() -> str:
+    """The CPU's model name as the system reports it (Linux: /proc/cpuinfo), or platform.processor()."""
+    import platform
+    try:
+        return next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown"
 
 
 def cpu_bfloat16() -> str:
