@@ -81,7 +81,7 @@ def plot_chars_per_token(names: list[str], model: list[float], cl100k: list[floa
     ax.set_xticks(list(xs), names, rotation=20, ha="right")
     ax.set_ylabel("characters per token")
     ax.legend()
-    ax.set_title("The token economy: more characters per token = cheaper text")
+    ax.set_title("Characters per token, per tokenizer")
     return ax
 
 

@@ -81,12 +81,12 @@ def plot_benchmark(result: dict):
     axes[0].set_xscale("log", base=2)
     axes[0].set_xlabel("prompt tokens")
     axes[0].set_ylabel("prefill tokens per second")
-    axes[0].set_title("Prefill: more tokens per pass, more tokens per second")
+    axes[0].set_title("Prefill: tokens per second against prompt length")
     axes[1].plot([r["context"] for r in d], [r["seconds_per_token"] * 1000 for r in d], "o-", color=PALETTE[3])
     axes[1].set_xscale("log", base=2)
     axes[1].set_xlabel("tokens already in the cache")
     axes[1].set_ylabel("ms per decode step")
-    axes[1].set_title("Decode: one token per pass")
+    axes[1].set_title("Decode: time per token against context length")
     fig.suptitle(f"{result['machine']['name']} ({result['dtype']})")
     return fig
 
@@ -104,7 +104,7 @@ def plot_padding(mask, row_labels: list[str] | None = None, ax=None, title: str 
     return ax
 
 
-def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Bigger batches: more throughput, more latency"):
+def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Throughput and latency against batch size"):
     """Twin axes against batch size: aggregate tokens per second (left) and per-request latency (right)."""
     ax = axes_or_new(ax)
     sizes = [r["batch"] for r in rows]

@@ -99,7 +99,7 @@ for name, shape in shapes[:8] + [("...", "")] + shapes[-4:]:
 hidden = layer_outputs(model, ids)  # (L+1, T, hidden)
 norms = hidden.norm(dim=-1)  # (L+1, T)
 ax = plots.plot_xy(list(range(len(norms))), norms[:, -1].tolist(), "after layer (0 = embedding)",
-                   "norm of the hidden state", title="The last position's hidden state grows through the layers")
+                   "norm of the hidden state", title="Norm of the last position's hidden state, layer by layer")
 plt.show()
 
 # %% [markdown]

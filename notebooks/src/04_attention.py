@@ -205,7 +205,7 @@ plt.show()
 lengths = [128, 256, 512, 1024, 2048]
 secs = time_scores(lengths, cfg.num_attention_heads, D)
 ax = plots.plot_xy(lengths, [s * 1000 for s in secs], "sequence length T", "ms for one layer's attention",
-                   title="Attention time grows faster than the length")
+                   title="Attention score time against sequence length")
 plt.show()
 print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, secs[1:])])
 

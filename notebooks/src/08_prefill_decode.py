@@ -42,7 +42,7 @@ for n, s in zip(lengths, prefill_s):
 
 # %%
 ax = plots.plot_xy(lengths, [n / s for n, s in zip(lengths, prefill_s)], "prompt tokens", "prefill tokens per second",
-                   title="Prefill gets more efficient with longer prompts")
+                   title="Prefill: tokens per second against prompt length")
 ax.set_xscale("log", base=2)
 plt.show()
 
@@ -105,7 +105,7 @@ crossover = int(wb // kv_per_token)
 print(f"KV cache: {kv_per_token:,.0f} bytes per token -> equals the weights at {crossover:,} tokens "
       f"(this model's window: {cfg.max_position_embeddings:,})")
 ax = plots.plot_xy(contexts, [s * 1000 for s in decode_s], "tokens in the cache", "ms per decode step", fit_line=True,
-                   title="Decode slows as the cache grows")
+                   title="Decode: time per token against tokens in the cache")
 plt.show()
 
 # %% [markdown]
