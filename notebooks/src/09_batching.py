@@ -15,6 +15,7 @@
 # %%
 import statistics
 import matplotlib.pyplot as plt
+import torch
 import course_lib
 from course_lib import plots_perf
 from course_lib.batching import left_pad, padding_waste, generate_static, Job, run_schedule
@@ -59,6 +60,29 @@ for q, b, a in zip(questions, batched, alone):
     print(f"{q[:40]:<42} identical: {b == a}  {tokenizer.decode(b, skip_special_tokens=True)[:50]!r}")
 
 # %% [markdown]
+# Identical tokens, but are the numbers identical? The first step's logits of each prompt, alone against in
+# the padded batch, and how far apart the two best tokens were (if the gap were smaller than the
+# difference, greedy could pick the other one):
+
+# %%
+from course_lib.forward import run_model
+with torch.inference_mode():
+    together, _ = run_model(model, batch.input_ids.to(model.device), None, batch.attention_mask, batch.position_ids, keep=1)
+for row, (q, p) in enumerate(zip(questions, prompts)):
+    solo, _ = run_model(model, torch.tensor([p], device=model.device), None, keep=1)
+    top2 = solo[0, -1].topk(2).values
+    print(f"{q[:40]:<42} largest logit difference {(solo[0, -1] - together[row, -1]).abs().max():.2e} | "
+          f"gap between the two best tokens {top2[0] - top2[1]:.3f}")
+
+# %% [markdown]
+# The logits differ in their last digits: a batch of another shape makes the matrix kernels add the same
+# numbers in another order, and floating-point addition is not associative. The greedy pick only changes
+# when the two best tokens are closer than that difference, which did not happen on these prompts (compare
+# the two columns). On a long answer, with another batch, in bfloat16 or on a GPU, a near-tie can flip
+# one token and the rest of the answer follows it. That is why a server at temperature 0 gives the same
+# answer only as long as the batches it forms are the same: the course's tests compare tokens on these
+# prompts in float32 and compare logits with a tolerance (1e-4).
+#
 # ## 2. Throughput against latency
 #
 # Put B copies of one request in a batch and generate 32 tokens each. **Throughput** is the tokens per
@@ -122,7 +146,8 @@ plt.show()
 # - Padding is wasted work: batching prompts of very different lengths wastes the most.
 # - Bigger batches raise throughput while latency grows: the trade is measured, not assumed.
 # - Static batching waits for the longest request; continuous batching refills slots at once.
-# - Batched greedy output is identical to each request run alone.
+# - Batched greedy output was identical to each request run alone here; the logits differ in their last
+#   digits (section 1 printed by how much), so a near-tie can flip a token under another batch shape.
 
 # %% [markdown]
 # ---
