@@ -101,6 +101,15 @@ def attention_traffic(tokens: int, heads: int, kv_heads: int, head_dim: int, til
     return {"read": q + kv_reads, "written": o}
 
 
+def written_out_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention as a textbook writes it: the whole (B, H, T, T) score matrix, softmax, then the values.
+    q (B, H, T, D), k and v (B, KV, T, D). The reference the tiled version saves memory against."""
+    H, KV, T = q.shape[1], k.shape[1], q.shape[2]
+    scores = q @ k.repeat_interleave(H // KV, 1).transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1), NEG_INF)
+    return torch.softmax(scores, -1) @ v.repeat_interleave(H // KV, 1)
+
+
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0, tile_q: int = 64,
                     tile_k: int = 64, trace: list | None = None) -> torch.Tensor:
     """Causal attention computed in tiles (FlashAttention's forward). q (B, H, T, D) at columns [start, start + T);
@@ -225,9 +234,7 @@ def _tile_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
         return Partial(out, lse.float())
-    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1]) + bias.float()
-    lse = torch.logsumexp(scores, -1)  # (B, KV, G)
-    return Partial((torch.exp(scores - lse.unsqueeze(-1)).to(v.dtype) @ v), lse)
+    return partial_attention(q, k, v, bias == 0)
 
 
 def paged_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list[Tile],

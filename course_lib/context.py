@@ -66,11 +66,17 @@ def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list
     return ids
 
 
+def _masked(messages) -> tuple[list[str], list[dict]]:
+    """(a marker per message, the messages with each content replaced by its marker): rendering these shows where
+    the template puts each content, whatever the content says."""
+    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
+    return marks, [{**m, "content": mark} for m, mark in zip(messages, marks)]
+
+
 def _split_contents(tokenizer, messages, add_generation_prompt: bool) -> list[tuple[str, bool]]:
     """The rendered context as (piece, is a message's content) in order: the template is rendered with a marker
     in place of each content, so a content is found by position, never by searching for its text."""
-    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-    masked = [{**m, "content": mark} for m, mark in zip(messages, marks)]
+    marks, masked = _masked(messages)
     layout = tokenizer.apply_chat_template(masked, tokenize=False, add_generation_prompt=add_generation_prompt)
     pieces, rest = [], layout
     for mark, m in zip(marks, messages):
@@ -148,8 +154,8 @@ def segments(tokenizer, messages, add_generation_prompt: bool = True) -> list[Se
     types a control-token string keeps it as text here too)."""
     messages = validate_messages(messages)
     guarded = any(s in m["content"] for m in messages for s in control_strings(tokenizer))
-    marks = [f"\ue000{i}\ue001" for i in range(len(messages))]
-    shown = [{**m, "content": mark} for m, mark in zip(messages, marks)] if guarded else messages
+    marks, masked = _masked(messages)
+    shown = masked if guarded else messages
 
     def unmask(text):
         for mark, m in zip(marks, messages):

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from course_lib import batching
 from course_lib.attention_kernels import (Partial, attention_traffic, decode_plan, gather_decode, merge, online_softmax, paged_decode,
-                                          paged_decode_by_hand, partial_attention, score_matrix_bytes, tiled_attention)
+                                          paged_decode_by_hand, partial_attention, score_matrix_bytes, tiled_attention,
+                                          written_out_attention)
 from course_lib.context import chat_ids, handbook_ids, HANDBOOK_QUESTIONS
 from course_lib.measure.attention import peak_bytes, scattered_rows
 from course_lib.model import Model, layer_qkv
@@ -82,6 +83,12 @@ def test_tiled_attention_equals_sdpa_on_the_models_real_tensors(real_qkv, tile_q
     q, k, v = real_qkv
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     assert (tiled_attention(q, k, v, tile_q=tile_q, tile_k=tile_k) - ref).abs().max() <= 1e-5
+
+
+def test_the_written_out_reference_equals_sdpa(real_qkv):
+    q, k, v = real_qkv
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert (written_out_attention(q, k, v) - ref).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("new", [1, 5])

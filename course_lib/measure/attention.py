@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..attention_kernels import tiled_attention
+from ..attention_kernels import tiled_attention, written_out_attention
 from ..forward import run_model
 from ..paged import PagedKVCache, Sequence
 from .timers import best_of, median
@@ -143,20 +143,19 @@ def same_output(model, tokenizer, tolerance: float = 1e-5) -> dict:
             "same": prefill_err <= tolerance and decode_err <= tolerance and paged_err <= 1e-4}
 
 
+def layer_shaped(model, tokens: int, seed: int = 0):
+    """Random q (1, H, T, D), k and v (1, KV, T, D) with the model's head shapes, dtype and device: for measuring
+    memory and time, where the values do not matter."""
+    H, KV, D = model.heads, model.kv_heads, model.head_dim
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return tuple(torch.randn(1, h, tokens, D, generator=g).to(model.device, model.dtype) for h in (H, KV, KV))
+
+
 def prefill_peaks(model, tokens: int) -> dict:
     """Peak bytes of one layer's causal attention over `tokens` positions with the model's head shapes (random
     values): written out (the whole score matrix), tiled (256 x 256 tiles), and torch's SDPA."""
-    H, KV, D = model.heads, model.kv_heads, model.head_dim
-    g = torch.Generator(device="cpu").manual_seed(0)
-    q = torch.randn(1, H, tokens, D, generator=g).to(model.device, model.dtype)
-    k, v = (torch.randn(1, KV, tokens, D, generator=g).to(model.device, model.dtype) for _ in range(2))
-
-    def written_out():
-        scores = q @ k.repeat_interleave(H // KV, 1).transpose(-1, -2) / D ** 0.5  # (1, H, T, T)
-        scores = scores.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
-        return torch.softmax(scores, -1) @ v.repeat_interleave(H // KV, 1)
-
-    return {"tokens": tokens, "naive_peak_bytes": peak_bytes(written_out)[0],
+    q, k, v = layer_shaped(model, tokens)
+    return {"tokens": tokens, "naive_peak_bytes": peak_bytes(lambda: written_out_attention(q, k, v))[0],
             "tiled_peak_bytes": peak_bytes(lambda: tiled_attention(q, k, v, tile_q=256, tile_k=256))[0],
             "sdpa_peak_bytes": peak_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                                                  enable_gqa=True))[0]}

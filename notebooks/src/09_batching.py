@@ -75,7 +75,8 @@ for row, (q, p) in enumerate(zip(questions, prompts)):
           f"gap between the two best tokens {top2[0] - top2[1]:.3f}")
 
 # %% [markdown]
-# The logits differ in their last digits: a batch of another shape makes the matrix kernels add the same
+# Where the logits differ, they differ in their last digits (in the runs made for this lesson, the rows that
+# needed no padding came out bit for bit equal): a row padded differently makes the kernels add the same
 # numbers in another order, and floating-point addition is not associative. The greedy pick only changes
 # when the two best tokens are closer than that difference, which did not happen on these prompts (compare
 # the two columns). On a long answer, with another batch, in bfloat16 or on a GPU, a near-tie can flip

@@ -29,11 +29,12 @@ import torch.nn.functional as F
 import course_lib
 from course_lib import plots_kernels
 from course_lib.attention_kernels import (attention_traffic, decode_plan, merge, online_softmax, paged_decode, paged_decode_by_hand,
-                                          partial_attention, score_matrix_bytes, tiled_attention)
+                                          partial_attention, score_matrix_bytes, tiled_attention,
+                                          written_out_attention)
 from course_lib.context import HANDBOOK_QUESTIONS, handbook_ids
 from course_lib.forward import run_model
 from course_lib.kv_cache import model_kv_bytes_per_token
-from course_lib.measure.attention import peak_bytes, step_times
+from course_lib.measure.attention import layer_shaped, peak_bytes, step_times
 from course_lib.model import Model, layer_qkv
 from course_lib.paged import PagedKVCache, Sequence
 
@@ -66,20 +67,12 @@ plt.show()
 # At the model's full window of 8,192 tokens, one layer's scores in float32 outweigh every weight of the
 # model several times over, and a prompt that long runs 30 layers. Measured, not computed: the bytes of
 # every tensor torch allocates while one layer's attention runs over 2,048 tokens (random values, the
-# model's shapes), written out against torch's own `scaled_dot_product_attention` (SDPA):
+# model's shapes), written out as lesson 04 did (`written_out_attention`) against torch's own
+# `scaled_dot_product_attention` (SDPA):
 
 # %%
-def one_layer(n):  # random queries, keys and values with the model's shapes, on the CPU
-    g = torch.Generator(device="cpu").manual_seed(0)
-    return torch.randn(1, H, n, D, generator=g), torch.randn(1, KV, n, D, generator=g), torch.randn(1, KV, n, D, generator=g)
-
-def written_out(q, k, v):
-    s = q @ k.repeat_interleave(H // KV, 1).transpose(-1, -2) / D ** 0.5  # (1, H, T, T): the whole matrix
-    s = s.masked_fill(torch.ones(s.shape[-1], s.shape[-1], dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(s, -1) @ v.repeat_interleave(H // KV, 1)
-
-q, k, v = one_layer(2048)
-naive_peak, naive_out = peak_bytes(lambda: written_out(q, k, v))
+q, k, v = layer_shaped(ours, 2048)  # random values with the model's head shapes
+naive_peak, naive_out = peak_bytes(lambda: written_out_attention(q, k, v))  # the whole (1, H, T, T) matrix
 sdpa_peak, sdpa_out = peak_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
 print(f"2,048 tokens, one layer: written out allocates {naive_peak / 1e6:.0f} MB at its peak, SDPA {sdpa_peak / 1e6:.1f} MB "
       f"(its output alone is {sdpa_out.numel() * 4 / 1e6:.1f} MB); same result within "
@@ -106,8 +99,8 @@ print("online:", [round(p, 4) for p in probs.tolist()])
 print("torch: ", [round(p, 4) for p in torch.softmax(row, 0).tolist()])
 
 # %% [markdown]
-# The sum after the second piece is not the first sum plus the new terms: the maximum jumped from 2 to 7,
-# and the old terms shrank by exp(2 - 7) before being added. Now a real row: the scores of the last query
+# The sum after the second piece is not the first sum plus the new terms: the maximum jumped from 5 to 7,
+# and the old terms shrank by exp(5 - 7) before being added. Now a real row: the scores of the last query
 # of the handbook question (lesson 13's long prompt) against all its keys, in layer 10, head 0.
 
 # %%
@@ -158,7 +151,8 @@ plots_kernels.plot_tiles(trace, len(ids), tile, tile, query_tile=last, head=0)
 plt.show()
 
 # %% [markdown]
-# Left: the order in which the tiles are computed and the half that causal attention skips. Right: for the
+# Left: the order in which the tiles are computed, and the tiles after the diagonal that causal attention
+# skips (close to half; the title counts them). Right: for the
 # last query tile, each query's running maximum after each key tile. Where a line steps up, everything
 # summed before is scaled down by exp(old - new); where it is flat, nothing is rescaled. The tiles of
 # different query rows are independent: a GPU kernel gives each its own block of threads.
@@ -170,7 +164,7 @@ plt.show()
 # %%
 decode = tiled_attention(q10[:, :, -1:], k10, v10, start=len(ids) - 1)
 print(f"decode of the last token: differs from SDPA's last row by {(decode - reference[:, :, -1:]).abs().max():.1e}")
-q, k, v = one_layer(4096)
+q, k, v = layer_shaped(ours, 4096)
 tiled_peak = peak_bytes(lambda: tiled_attention(q, k, v, tile_q=256, tile_k=256))[0]
 sdpa_peak = peak_bytes(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))[0]
 print(f"4,096 tokens, one layer: tiled {tiled_peak / 1e6:.1f} MB at its peak, SDPA {sdpa_peak / 1e6:.1f} MB; "
@@ -264,8 +258,8 @@ plt.show()
 # their order between runs); the longer the context, the more the copy costs. With the gather, block size
 # only changes how long the runs of neighbouring slots are that the copy reads, one slot index per token;
 # through the tables it changes how many blocks each tile reads, one index per block. Where the bars'
-# ranges overlap, the run cannot tell the two apart. Lesson 13's trace (three handbook questions of about 1,130 tokens beside short chats) sits at the
-# right end of the left panel.
+# ranges overlap, the run cannot tell the two apart. Lesson 13's trace (three handbook questions of about
+# 1,130 tokens beside short chats) sits at the right end of the left panel.
 #
 # The benchmark measures the same at 4 rows of 1,000 tokens and at 1 row of 4,000 (`python -m course_lib
 # bench --only attention`); the newest committed run:
@@ -310,9 +304,9 @@ else:
 #   the same log-sum-exp rule merges partial attention results over any split of the keys.
 # - Tiled attention computes one tile of scores at a time, skips the tiles causal attention never needs,
 #   and equals SDPA on the model's real tensors (section 4 printed by how much).
-# - Decode through the block tables attends to each block where it lies and merges; the course's paged
-#   cache now does so by default and no longer copies every row's context at every layer. Section 6
-#   measured the step against the copy in this run.
+# - Decode through the block tables reads each row's keys and values block by block (a tile of blocks at a
+#   time) and merges the partial results; the course's paged cache now does so by default and no longer
+#   copies every row's whole context at every layer. Section 6 measured the step against the copy in this run.
 #
 # ---
 # ## Exercises
@@ -352,4 +346,5 @@ def tiles_computed(tokens, tile):
 ex.check_tiles(tiles_computed)
 
 # %% [markdown]
-# **Next:** 17 · long context: what a long conversation costs, and what happens at the end of the window.
+# **Next (in preparation):** 17 · long context: what a long conversation costs, and what happens at the end
+# of the window.
