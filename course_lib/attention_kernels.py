@@ -228,13 +228,14 @@ def decode_plan(tables: torch.Tensor, lengths: torch.Tensor, block_size: int, ti
     return plan
 
 
-def _tile_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> Partial:
-    """Partial attention of q (B, KV, G, D) over one tile k, v (B, KV, n, D) with an additive bias. On the CPU,
+def tile_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> Partial:
+    """Partial attention of q (B, KV, G, D) over one tile k, v (B, KV, n, D) with an additive bias (None: every key
+    counts). On the CPU,
     torch's fused flash kernel, which returns the log-sum-exp beside the output; elsewhere the same in operators."""
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
         return Partial(out, lse.float())
-    return partial_attention(q, k, v, bias == 0)
+    return partial_attention(q, k, v, None if bias is None else bias == 0)
 
 
 def paged_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: list[Tile],
@@ -252,7 +253,7 @@ def paged_decode(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan
     for tile in plan:
         k = blocks_k.index_select(0, tile.blocks).view(B, tile.tokens, KV, D).transpose(1, 2)  # (B, KV, n, D)
         v = blocks_v.index_select(0, tile.blocks).view(B, tile.tokens, KV, D).transpose(1, 2)
-        part = _tile_partial(qg, k, v, tile.bias)  # out (B, KV, G, D), lse (B, KV, G)
+        part = tile_partial(qg, k, v, tile.bias)  # out (B, KV, G, D), lse (B, KV, G)
         done[tile.split] = merge(done[tile.split], part) if tile.split in done else part
     splits = [done[s] for s in sorted(done)]
     total = splits[0]

@@ -137,3 +137,18 @@ def test_attention_section_reports_its_keys(model, tokenizer):
     assert any("no slower than the gather" in n for n in names)
     report = format_report(result)
     assert "through the tables" in report and "written out" in report
+
+
+def test_long_context_section_reports_its_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="long_context", progress=False)
+    lc = result["long_context"]
+    for key in ("kv_bytes_per_token", "crossover_tokens", "ppl_restart", "ppl_window", "ppl_sinks", "kv8_ppl_ratio",
+                "kv8_capacity_ratio", "kv8_step_ratio", "needle"):
+        assert key in lc, key
+    assert lc["kv_bytes_per_token"]["float32"] == 46080 and set(lc["kv_bytes_per_token"]) == {"float32", "bfloat16", "int8", "int4"}
+    assert lc["crossover_tokens"]["int4"]["bfloat16"] < lc["crossover_tokens"]["float32"]["float32"]
+    assert lc["kv8_capacity_ratio"] > 3 and lc["kv8_capacity_ratio_vs_bfloat16"] >= 1.9
+    assert lc["kv8_step_ratio"] == pytest.approx(lc["kv_step_ms"]["int8"] / lc["kv_step_ms"]["float"])
+    assert len(lc["needle"]) == 6 and all(isinstance(v, bool) for v in lc["needle"].values())
+    assert [t[0] for t in targets(result)][:1] == ["long context: sinks beat the plain window past the budget"]
+    assert "long context: needle found" in format_report(result)

@@ -278,3 +278,15 @@ def test_lesson16():
     assert not lesson16.check_gather_bytes(lambda r, t: 30 * r * t * 3 * 64 * 4)  # keys only
     assert not lesson16.check_tiles(lambda t, tile: (-(-t // tile)) ** 2)  # every tile, causal skips none
     assert not lesson16.check_tiles(lambda t, tile: (t // tile) * (t // tile + 1) // 2)  # forgot the partial tile
+
+
+def test_lesson17():
+    from course_lib.exercises import lesson17
+    s = solution(17, None, None)
+    assert lesson17.check_kv8_bytes(s.kv8_bytes)
+    assert lesson17.check_outweighs(s.outweighs_at)
+    assert lesson17.check_kept(s.kept)
+    assert not lesson17.check_kv8_bytes(lambda t: 2 * 30 * 3 * 64 * t)  # forgot the scales
+    assert not lesson17.check_outweighs(lambda w, p: w // p)  # rounded down
+    assert not lesson17.check_kept(lambda n, b, k: list(range(max(0, n - b), n)))  # a plain window: no sinks
+    assert not lesson17.check_kept(lambda n, b, k: list(range(k)) + list(range(n - (b - k), n)))  # evicts before full

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from .attention import attention_section
+from .long_context import long_context_report, long_context_section, long_context_targets
 from .bench_part2 import (engine_section, formats_section, paged_section, serving_load_section, speculative_section,
                           structured_section)
 from ..context import filler_ids, story_ids
@@ -169,6 +170,8 @@ SECTIONS = {
                      lambda m, t, q: {"serving_load": serving_load_section(m, t, q)}),
     "attention": ("lesson 16: tiled attention, paged decode attention against the gather",
                   lambda m, t, q: {"attention": attention_section(m, t, q)}),
+    "long_context": ("lesson 17: cache bytes, the end of the window, a quantized cache, the needle",
+                     lambda m, t, q: {"long_context": long_context_section(m, t, q)}),
 }
 
 
@@ -279,6 +282,8 @@ def targets(result: dict) -> list[tuple[str, str, bool]]:
         out.append((f"attention: paged step allocates less than the gather writes ({small})",
                     f"{a['step_peak_bytes'][small]['paged'] / 1e6:.1f} vs {a['gather_bytes_per_step'][small] / 1e6:.0f} MB",
                     a["step_peak_bytes"][small]["paged"] < a["gather_bytes_per_step"][small] / 10))
+    if "long_context" in result:
+        out += long_context_targets(result["long_context"])
     if "formats" in result:
         f = result["formats"]["fastest"]
         out.append((f"formats: fastest ({f['name']}) at least 3.5x model.generate, top-1 agreement >= 0.9",
@@ -360,6 +365,8 @@ def format_report(result: dict) -> str:
         lines.append(f"attention prefill of {a['prefill_tokens']} tokens, one layer, peak allocated: written out "
                      f"{a['naive_peak_bytes'] / 1e6:.0f} MB, tiled {a['tiled_peak_bytes'] / 1e6:.1f} MB, SDPA "
                      f"{a['sdpa_peak_bytes'] / 1e6:.1f} MB")
+    if "long_context" in result:
+        lines += long_context_report(result["long_context"])
     lines += ["", f"{'target':<60} {'measured':<28} met"]
     lines += [f"{what:<60} {measured:<28} {'yes' if met else 'NO'}" for what, measured, met in targets(result)]
     return "\n".join(lines)

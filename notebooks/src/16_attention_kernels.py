@@ -346,5 +346,5 @@ def tiles_computed(tokens, tile):
 ex.check_tiles(tiles_computed)
 
 # %% [markdown]
-# **Next (in preparation):** 17 · long context: what a long conversation costs, and what happens at the end
-# of the window.
+# **Next:** 17 · long context: what a long conversation costs per step, what happens at the end of the
+# window, and a cache in 8 bits.
