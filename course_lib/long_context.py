@@ -30,6 +30,7 @@ LONG_TEXT = Path(__file__).resolve().parents[1] / "data" / "long" / "pride_and_p
 KV_FORMATS = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}  # bytes per stored number
 SCALE_BYTES = 2  # one float16 scale per token and head, for the integer formats
 STRATEGIES = ("full", "restart", "window", "sinks")
+KV_TILE = 4096  # tokens a quantized cache's decode step dequantizes at a time (QuantizedKVCache.attend says why)
 
 
 def cache_bytes_per_token(model, fmt: str) -> float:
@@ -107,7 +108,7 @@ class QuantizedKVCache(KVCache):
     attention reads ordinary numbers. A decode step of one row goes through `attend` instead, a tile at a time.
     The buffer is counted in `nbytes` (1/layers of a float cache)."""
 
-    def __init__(self, model, batch: int, capacity: int, bits: int = 8, tile: int = 4096):
+    def __init__(self, model, batch: int, capacity: int, bits: int = 8, tile: int = KV_TILE):
         if bits not in (8, 4):
             raise ValueError(f"bits must be 8 or 4, got {bits}")
         layers, KV, D = len(model.layers), model.kv_heads, model.head_dim
@@ -205,6 +206,10 @@ def stream_loss(model, ids: list[int], strategy: str, budget: int, chunk: int = 
         raise ValueError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     if not 0 < chunk <= budget // 2:
         raise ValueError(f"chunk must be in (0, budget/2], got chunk={chunk}, budget={budget}")
+    if len(ids) < 2:
+        raise ValueError(f"a text of {len(ids)} token(s) has no next token to score: give at least 2")
+    if cache is not None and strategy != "full":
+        raise ValueError(f"cache= is for the 'full' strategy; {strategy!r} builds its own")
     x = torch.tensor(ids, device=model.device)
     if strategy == "full":
         cache = cache or model.new_cache(1, len(ids))

@@ -28,14 +28,16 @@ def plot_step_bytes(contexts: list[int], weights: dict[str, int], cache_per_toke
     return ax
 
 
-def plot_step_curve(curve: list[dict], ax=None, title: str = "Measured time per decode step against context"):
-    """Milliseconds per step against context (points), with the least-squares line through them."""
+def plot_step_curve(curves: dict[str, list[dict]], ax=None, title: str = "Measured time per decode step against context"):
+    """Milliseconds per step against context (points), one series per weight format, each with its least-squares line."""
     ax = axes_or_new(ax)
-    x = np.array([c["context"] for c in curve], dtype=float)
-    y = np.array([c["ms"] for c in curve])
-    slope, intercept = np.polyfit(x, y, 1)
-    ax.plot(x, y, "o", color=PALETTE[0], label="measured")
-    ax.plot(x, intercept + slope * x, "-", color="grey", label=f"line: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens")
+    for i, (name, curve) in enumerate(curves.items()):
+        x = np.array([c["context"] for c in curve], dtype=float)
+        y = np.array([c["ms"] for c in curve])
+        slope, intercept = np.polyfit(x, y, 1)
+        ax.plot(x, y, "o", color=PALETTE[i], label=f"{name}, measured")
+        ax.plot(x, intercept + slope * x, "-", color=PALETTE[i], alpha=0.5,
+                label=f"{name}: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens")
     ax.set_xlabel("tokens in the context")
     ax.set_ylabel("ms per decode step")
     ax.set_ylim(bottom=0)

@@ -165,6 +165,10 @@ def test_bad_arguments_get_clear_errors(small, tokenizer, text):
         stream_loss(small, text[:10], "forget", 8, 2)
     with pytest.raises(ValueError, match="chunk"):
         stream_loss(small, text[:10], "sinks", 8, 5)
+    with pytest.raises(ValueError, match="at least 2"):
+        stream_loss(small, text[:1], "full", 8, 2)
+    with pytest.raises(ValueError, match="builds its own"):
+        stream_loss(small, text[:10], "window", 8, 2, cache=QuantizedKVCache(small, 1, 10))
     with pytest.raises(ValueError, match="bits"):
         QuantizedKVCache(small, 1, 8, bits=3)
     with pytest.raises(ValueError, match="do not fit"):

@@ -15,7 +15,7 @@ import torch
 
 from ..generation import decode_n, prefill
 from ..long_context import (QuantizedKVCache, cache_bytes_per_token, crossover_tokens, found, long_text_ids,
-                            needle_ids, stream_loss, KV_FORMATS)
+                            needle_ids, stream_loss, KV_FORMATS, KV_TILE)
 from .timers import best_of, median
 
 
@@ -105,6 +105,7 @@ def long_context_section(model, tokenizer, quick: bool = False) -> dict:
     crossover = {w: {f: crossover_tokens(b, per_token[f]) for f in KV_FORMATS} for w, b in weights.items()}
     contexts = [64, 256, 512] if quick else [256, 1024, 2048, 4096, 8000]
     curve = step_curve(ours, contexts, repeats=2 if quick else 5)
+    curve_int4 = step_curve(int4, contexts, repeats=2 if quick else 5)
     budget, chunk, n = (128, 32, 400) if quick else (1024, 128, 10240)
     text = long_text_ids(tokenizer, n)
     runs = strategies(ours, text, budget, chunk)
@@ -123,14 +124,15 @@ def long_context_section(model, tokenizer, quick: bool = False) -> dict:
     needle = needle_grid(ours, tokenizer, [256, 512] if quick else [1024, 2048, 4096, 8000], [0.1, 0.5, 0.9] if quick
                          else [0.0, 0.25, 0.5, 0.75, 1.0])
     return {"kv_bytes_per_token": per_token, "weight_bytes": weights, "crossover_tokens": crossover,
-            "step_curve": curve, "budget": budget, "chunk": chunk, "text_tokens": len(text), "sinks": 4,
+            "step_curve": curve, "step_curve_int4": curve_int4, "budget": budget, "chunk": chunk,
+            "text_tokens": len(text), "sinks": 4,
             "seconds": {name: r.seconds for name, r in runs.items()},
             "recomputed_tokens": runs["restart"].recomputed,
             "ppl_full": inside["full"], "ppl_restart": inside["restart"], "ppl_window": inside["window"],
             "ppl_sinks": inside["sinks"], "ppl_past_model_window": past,
             "kv_quality": quality, "kv8_ppl_ratio": quality["int8"]["ppl_ratio"], "kv8_capacity_ratio": capacity,
             "kv8_capacity_ratio_vs_bfloat16": per_token["bfloat16"] / per_token["int8"],
-            "kv_step_ms": step, "kv_step_context": at, "kv_tile": QuantizedKVCache.__init__.__defaults__[-1], "kv8_step_ratio": step["int8"] / step["float"],
+            "kv_step_ms": step, "kv_step_context": at, "kv_tile": KV_TILE, "kv8_step_ratio": step["int8"] / step["float"],
             "needle": {f"{c['asked_length']}@{c['depth']}": c["found"] for c in needle}, "needle_cells": needle}
 
 
@@ -151,6 +153,8 @@ def long_context_targets(lc: dict) -> list[tuple[str, str, bool]]:
 def long_context_report(lc: dict) -> list[str]:
     """Lines for the bench's text report."""
     curve = ", ".join(f"{c['context']}: {c['ms']:.1f}" for c in lc["step_curve"])
+    if "step_curve_int4" in lc:
+        curve += " (float32); " + ", ".join(f"{c['context']}: {c['ms']:.1f}" for c in lc["step_curve_int4"]) + " (int4)"
     ppl = ", ".join(f"{n} {lc['ppl_' + n]:.2f}" for n in ("full", "restart", "window", "sinks"))
     past = ", ".join(f"{n} {p:.2f}" for n, p in lc["ppl_past_model_window"].items()) or "not reached"
     q = lc["kv_quality"]

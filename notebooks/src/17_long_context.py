@@ -68,25 +68,28 @@ plt.show()
 # window of 8,192. The int4 format computes in bfloat16, so its cache is bfloat16: that is the pair to read
 # for the fast format.
 #
-# Now the time. Each step below runs against a cache already holding n tokens (random numbers: the time of
-# a step does not depend on the values it reads), the median of five steps:
+# Now the time, for both weight formats. Each step below runs against a cache already holding n tokens
+# (random numbers: the time of a step does not depend on the values it reads), the median of five steps:
 
 # %%
-curve = step_curve(ours, [256, 1024, 2048, 4096, 8000], repeats=5)
-x, y = np.array([c["context"] for c in curve]), np.array([c["ms"] for c in curve])
-slope, intercept = np.polyfit(x, y, 1)
-r2 = 1 - ((y - (intercept + slope * x)) ** 2).sum() / ((y - y.mean()) ** 2).sum()
-for c in curve:
-    print(f"context {c['context']:>5}: {c['ms']:6.1f} ms per step | reads {c['weight_bytes'] / 1e6:.0f} MB of weights "
-          f"+ {c['cache_bytes'] / 1e6:5.0f} MB of cache")
-print(f"a straight line fits with R^2 = {r2:.3f}: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens of context")
-plots_long.plot_step_curve(curve)
+contexts = [256, 1024, 2048, 4096, 8000]
+curves = {"float32": step_curve(ours, contexts, repeats=5), "int4": step_curve(int4, contexts, repeats=5)}
+for name, curve in curves.items():
+    x, y = np.array([c["context"] for c in curve]), np.array([c["ms"] for c in curve])
+    slope, intercept = np.polyfit(x, y, 1)
+    r2 = 1 - ((y - (intercept + slope * x)) ** 2).sum() / ((y - y.mean()) ** 2).sum()
+    print(f"{name} weights ({curve[0]['weight_bytes'] / 1e6:.0f} MB): " + ", ".join(f"{c['ms']:.0f}" for c in curve)
+          + f" ms at {contexts} tokens | line: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens, R^2 {r2:.3f}")
+    print(f"   at {contexts[-1]:,} tokens the cache adds {curve[-1]['cache_bytes'] / 1e6:.0f} MB to {curve[-1]['weight_bytes'] / 1e6:.0f} MB "
+          f"of weights; time at {contexts[-1]:,} over time at {contexts[0]}: {curve[-1]['ms'] / curve[0]['ms']:.2f}x")
+plots_long.plot_step_curve(curves)
 plt.show()
 
 # %% [markdown]
 # A claim one sometimes reads is that the memory of a long context grows exponentially. It grows linearly:
-# each token adds the same 46 KB in float32. The time of a decode step follows the bytes, and the line
-# above says how well (R² near 1 is a straight line; a busy machine adds scatter). Attention's arithmetic
+# each token adds the same 46 KB in float32. The time of a decode step follows the bytes, and the lines
+# above say how well (R² near 1 is a straight line; a busy machine adds scatter). Compare the two
+# formats' last ratios: the smaller the weights, the larger the share of each step the cache takes. Attention's arithmetic
 # over the whole context is quadratic only for a prompt read at once (lesson 16's score matrix); one decode
 # step is linear in the context.
 #
