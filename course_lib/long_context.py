@@ -24,6 +24,7 @@ import torch
 
 from .attention import apply_rotary
 from .attention_kernels import tile_partial, merge
+from .forward import run_model
 from .kv_cache import KVCache, kv_bytes_per_token
 
 LONG_TEXT = Path(__file__).resolve().parents[1] / "data" / "long" / "pride_and_prejudice_ch1-14.txt"
@@ -224,11 +225,11 @@ def stream_loss(model, ids: list[int], strategy: str, budget: int, chunk: int = 
         if strategy == "restart" and cache.length + len(piece) > budget:
             keep = budget // 2
             cache.length = 0
-            model(x[None, pos - keep:pos], cache=cache, logits_to_keep=1)  # the recent past, fed again
+            run_model(model, x[None, pos - keep:pos], cache)  # the recent past, fed again
             recomputed += keep
         elif isinstance(cache, WindowCache):
             cache.make_room(len(piece))
-        logits = model(piece[None], cache=cache).logits[0].float()  # (T, V)
+        logits = run_model(model, piece[None], cache, keep=0)[0][0]  # (T, V) float32
         most = max(most, cache.length)
         targets = x[pos + 1:pos + 1 + len(piece)]
         lp = torch.log_softmax(logits[:len(targets)], dim=-1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..forward import run_model
 from ..generation import decode_n, prefill
 from ..long_context import (QuantizedKVCache, cache_bytes_per_token, crossover_tokens, found, long_text_ids,
                             needle_ids, stream_loss, KV_FORMATS, KV_TILE)
@@ -40,7 +41,7 @@ def step_ms(model, context: int, bits: int | None = None, repeats: int = 5) -> f
 
     def one():
         cache.length = context
-        model(token, cache=cache)
+        run_model(model, token, cache)
     return 1000 * median([best_of(one, 1, model.device, warmup=int(i == 0))[0] for i in range(repeats)])
 
 
@@ -78,7 +79,7 @@ def needle_grid(model, tokenizer, lengths: list[int], depths: list[float], seed:
     """For each length and depth: the needle prompt, 16 greedy tokens, and whether they hold the secret number.
     The secret is a fresh 4-digit number per cell (drawn from `seed`)."""
     filler = long_text_ids(tokenizer, max(lengths) + 200)
-    draw = torch.Generator().manual_seed(seed)
+    draw = torch.Generator(device="cpu").manual_seed(seed)  # note: secrets are drawn on the CPU, on purpose
     cells = []
     for length in lengths:
         for depth in depths:
