@@ -223,7 +223,8 @@ if committed:
     lc = run["long_context"]
     print(committed[-1].name, "|", run["machine"]["device"], run["threads"], "thread(s)")
     print(f"  budget {lc['budget']}: perplexity past it, restart {lc['ppl_restart']:.2f}, window {lc['ppl_window']:.2f}, "
-          f"sinks {lc['ppl_sinks']:.2f}, full {lc['ppl_full']:.2f}; past the model's window: {lc['ppl_past_model_window']}")
+          f"sinks {lc['ppl_sinks']:.2f}, full {lc['ppl_full']:.2f}; past the model's window: "
+          + ", ".join(f"{n} {p:.2f}" for n, p in lc["ppl_past_model_window"].items()))
     print(f"  8-bit cache: perplexity x{lc['kv8_ppl_ratio']:.4f}, {lc['kv8_capacity_ratio']:.2f}x the tokens, step x{lc['kv8_step_ratio']:.2f}")
     print("  needle found:", sum(lc["needle"].values()), "of", len(lc["needle"]), lc["needle"])
 else:
