@@ -6,7 +6,9 @@ checks its SHA-256, dequantizes it with transformers, and writes a local cache (
 float32 safetensors) that later loads read in about a second. `load_model()` also accepts a local
 model folder, a local .gguf file, or (only with allow_network=True) a Hugging Face hub name.
 What it does not do: contact the hub unless asked, or load a file whose checksum is wrong.
-Cache folder: COURSE_CACHE_DIR, else .course_cache/ beside this package's project, else ~/.cache.
+Cache folder: COURSE_CACHE_DIR, else .course_cache/ beside this package's project when it exists, else
+share/llm-course in the Python environment when it exists (where postBuild puts it on a hub, so a home
+volume mounted over the repository does not hide it), else .course_cache/ beside the project, else ~/.cache.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ GGUF_BYTES = 98_362_432
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CACHE_FORMAT = 1  # bump when the cache layout changes, so old caches are rebuilt
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
-FIX = "run `make setup` in the course folder (it needs the network once)"
+FIX = "run `make setup` in the course folder, or `python scripts/setup.py` without make (it needs the network once)"
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -54,12 +56,22 @@ class Loaded(NamedTuple):
     tokenizer: object
 
 
+def environment_cache() -> Path:
+    """The cache inside the Python environment (postBuild writes it there for a hub's image)."""
+    return Path(sys.prefix) / "share" / "llm-course"
+
+
 def cache_root() -> Path:
     """Where the model file and the weight cache live (see the module docstring)."""
     if os.environ.get("COURSE_CACHE_DIR"):
         return Path(os.environ["COURSE_CACHE_DIR"]).expanduser()
     project = Path(__file__).resolve().parent.parent
-    if (project / "pyproject.toml").exists():
+    in_project = (project / "pyproject.toml").exists()
+    if in_project and (project / ".course_cache").exists():
+        return project / ".course_cache"
+    if environment_cache().exists():
+        return environment_cache()
+    if in_project:
         return project / ".course_cache"
     return Path.home() / ".cache" / "llm-inference-course"
 

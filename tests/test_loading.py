@@ -111,3 +111,19 @@ def test_unwritable_cache_folder(tmp_path, monkeypatch):
 def test_cache_folder_default_is_inside_the_project(monkeypatch):
     monkeypatch.delenv("COURSE_CACHE_DIR", raising=False)
     assert loading.cache_root().name == ".course_cache"
+
+
+def test_the_cache_is_found_inside_the_environment_on_a_hub(tmp_path, monkeypatch):
+    """postBuild builds the cache in <sys.prefix>/share/llm-course; a repository without .course_cache uses it."""
+    monkeypatch.delenv("COURSE_CACHE_DIR", raising=False)
+    project = tmp_path / "course"
+    (project / "course_lib").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("")
+    monkeypatch.setattr(loading, "__file__", str(project / "course_lib" / "loading.py"))
+    inside = tmp_path / "env" / "share" / "llm-course"
+    monkeypatch.setattr(loading, "environment_cache", lambda: inside)
+    assert loading.cache_root() == project / ".course_cache"  # nothing built anywhere: the project's folder
+    inside.mkdir(parents=True)
+    assert loading.cache_root() == inside
+    (project / ".course_cache").mkdir()
+    assert loading.cache_root() == project / ".course_cache"  # a project cache wins when there is one

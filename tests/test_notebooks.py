@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
@@ -11,6 +12,18 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 ARTIFACTS = ROOT / "test-artifacts" / "notebooks"
+# appended to the executed copy only: the kernel's own peak resident memory, for the instructor guide's seats
+PEAK_CELL = ("import resource, sys\n"
+             "print('kernel peak MiB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
+             " / (1 << 20 if sys.platform == 'darwin' else 1 << 10))")
+
+
+def record_run(stem, seconds, peak_mib):
+    """test-artifacts/notebooks/runs.json: seconds and kernel peak memory per notebook, from this suite run."""
+    path = ARTIFACTS / "runs.json"
+    runs = json.loads(path.read_text()) if path.exists() else {}
+    runs[stem] = {"seconds": round(seconds, 1), "kernel_peak_mib": round(peak_mib)}
+    path.write_text(json.dumps(runs, indent=1, sort_keys=True))
 
 
 def test_there_are_notebooks():
@@ -46,10 +59,18 @@ def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="llm-course", resources={"metadata": {"path": str(path.parent)}})
+    measure = sys.platform != "win32"  # the resource module is POSIX-only
+    if measure:
+        nb.cells.append(nbformat.v4.new_code_cell(PEAK_CELL))
+    start = time.perf_counter()
     client.execute()
+    seconds = time.perf_counter() - start
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    if measure:
+        peak = nb.cells.pop().outputs[0]["text"].split()[-1]
+        record_run(path.stem, seconds, float(peak))
     nbformat.write(nb, ARTIFACTS / path.name)  # the executed copy, figures included, for a look after the run
     shows = sum(c.source.count("plt.show()") for c in nb.cells if c.cell_type == "code")
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)

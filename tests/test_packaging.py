@@ -27,3 +27,17 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_pyproject_declares_the_same_pins():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert sorted(project["dependencies"]) == _pins((ROOT / "requirements.txt").read_text())
+
+
+def test_the_stated_licence_ships():
+    import tomllib
+    stated = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
+    assert stated == "Apache-2.0"
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    assert "Version 2.0" in (ROOT / "LICENSE").read_text()[:200]
