@@ -36,6 +36,10 @@ def test_engine_section_reports_its_keys(model, tokenizer):
     assert set(engine["several_rows_kernels"]) == set(engine["layouts"])
     assert set(engine["several_rows_kernels"].values()) <= {"mkl", "onednn"}
     assert engine["layout_speedup"] == pytest.approx(engine["rows_step_ms"] / engine["built_step_ms"], rel=1e-6)
+    assert set(engine["ops_per_step"]) == {"float32", "int4"}  # the engine.ops_per_step: float32 and the fastest
+    for anatomy in engine["ops_per_step"].values():
+        assert anatomy["rest_ms"] == pytest.approx(anatomy["step_ms"] - anatomy["products_ms"])
+        assert 0 < anatomy["python_calls"] < anatomy["aten_ops"] and anatomy["products_ms"] > 0
 
 
 def test_only_names_known_sections():

@@ -318,6 +318,11 @@ def format_report(result: dict) -> str:
                      f"{e['long_context_tokens']} tokens {e['long_context_ms_per_token']:.1f} vs "
                      f"{e['long_context_generate_ms_per_token']:.1f} ms/token ({e['long_context_ratio']:.2f}x)")
         by_columns = [name for name, layout in e["layouts"].items() if layout == "columns"] or ["none"]
+        for fmt, a in e.get("ops_per_step", {}).items():
+            lines.append(f"engine step ({fmt}, batch 1): {a['step_ms']:.1f} ms = matrix products alone {a['products_ms']:.1f} "
+                         f"+ the rest {a['rest_ms']:.1f}; {a['aten_ops']:.0f} operators counted by the profiler, "
+                         f"{a['python_calls']:.0f} called from Python (about {a['calling_ms_estimate']:.1f} ms to call "
+                         f"at {a['tiny_call_us']:.2f} us each)")
         lines.append(f"engine layout: by columns {', '.join(by_columns)}; a step {e['built_step_ms']:.1f} ms as built, "
                      f"{e['rows_step_ms']:.1f} ms all by rows ({e['layout_speedup']:.2f}x); several rows through oneDNN: "
                      f"{', '.join(n for n, k in e['several_rows_kernels'].items() if k == 'onednn') or 'none'}")

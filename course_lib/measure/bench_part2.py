@@ -20,7 +20,7 @@ from .timers import median
 
 def engine_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 11: our model written out (float32, batch 1) against the library's model.generate."""
-    from .race import long_context, our_step_seconds, race
+    from .race import long_context, our_step_seconds, race, step_anatomy
     from ..model import Model
     ours = Model.from_transformers(model, dtype=torch.float32)
     library = model if model.dtype == torch.float32 else model.float()
@@ -37,7 +37,12 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     linears = {name: getattr(ours.layers[0], name) for name in ("qkv", "o", "gate_up", "down")} | {"head": ours.lm_head}
     layouts = {name: linear.layout for name, linear in linears.items()}
     kernels = {name: linear.kernel for name, linear in linears.items()}  # for two or more rows at once
-    return {"new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
+    # a decode step at batch 1 taken apart: operators counted, products alone, the rest (the issue's ops_per_step)
+    anatomy = {"float32": step_anatomy(ours, story, steps=5 if quick else 40)}
+    if ours.device.type == "cpu":  # the fastest format here; its 4-bit kernel is a CPU kernel
+        from ..formats import convert
+        anatomy["int4"] = step_anatomy(convert(ours, "int4"), story, steps=5 if quick else 40)
+    return {"ops_per_step": anatomy, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
             "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],

@@ -133,8 +133,56 @@ def decode_profile(model, prompt_ids: list[int], steps: int = 4) -> dict:
         groups[group_of(event.key)] += event.self_cpu_time_total / 1000 / steps  # ms per step
         if event.key.startswith("aten::"):
             calls += event.count
+    aten = [e for e in prof.events() if e.name.startswith("aten::")]
+    from_python = sum(1 for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
     return {"context": len(prompt_ids), "ms_by_group": dict(groups), "aten_calls_per_step": calls / steps,
-            "wall_ms_per_step": 1000 * wall}
+            "python_calls_per_step": from_python / steps, "wall_ms_per_step": 1000 * wall}
+
+
+def _linears(model) -> list:
+    return [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
+
+
+def _in_features(linear) -> int:
+    if hasattr(linear, "weight"):
+        return linear.weight.shape[1]
+    if hasattr(linear, "packed"):  # Int4Linear: two numbers per byte
+        return linear.packed.shape[1] * 2
+    return linear.q.shape[1]  # Int8Linear and CastInt8Linear
+
+
+@torch.inference_mode()
+def step_anatomy(model, prompt_ids: list[int], steps: int = 30) -> dict:
+    """One decode step at batch 1 split into what can be named, in milliseconds: the whole step (median of
+    `steps`, no profiler), the step's matrix products when each is called alone on one row (the weights' read:
+    the same objects, the same order), and the rest (attention over the cache, norms, rotary, cache writes, and
+    calling each operator from Python). Also the operators per step as torch.profiler counts them (nested ones
+    included, as lesson 11's profile counts) and the calls Python makes (the top-level ones), and what one tiny
+    operator costs to call (so calls x cost estimates the calling overhead)."""
+    _, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + steps + 8)
+    for _ in range(3):
+        decode_step(model, [42], cache)  # warm-up
+    gaps = []
+    for _ in range(steps):
+        synchronize(model.device)
+        start = time.perf_counter()
+        decode_step(model, [42], cache)
+        synchronize(model.device)
+        gaps.append(time.perf_counter() - start)
+    linears = _linears(model)
+    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device) for k in {_in_features(m) for m in linears}}
+
+    def products():
+        for m in linears:
+            m(rows[_in_features(m)])
+    products_s, _ = best_of(products, repeats=max(3, steps // 5), device=model.device)
+    a, b = torch.ones(4, device=model.device), torch.ones(4, device=model.device)
+    tiny = best_of(lambda: [torch.add(a, b) for _ in range(1000)], repeats=5, device=model.device)[0] / 1000
+    counted = decode_profile(model, prompt_ids, steps=2)
+    step_ms, products_ms = 1000 * median(gaps), 1000 * products_s
+    return {"step_ms": step_ms, "products_ms": products_ms, "rest_ms": step_ms - products_ms,
+            "aten_ops": counted["aten_calls_per_step"], "python_calls": counted["python_calls_per_step"],
+            "tiny_call_us": 1e6 * tiny, "calling_ms_estimate": counted["python_calls_per_step"] * tiny * 1000}
 
 
 def layout_gains(model) -> list[dict]:

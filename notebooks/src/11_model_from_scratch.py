@@ -21,6 +21,8 @@
 # The code lives in `course_lib/model.py` (under 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
 
 # %%
+import timeit
+
 import matplotlib.pyplot as plt
 import torch
 import course_lib
@@ -30,7 +32,7 @@ from course_lib.layout import LAYOUT_GAIN
 from course_lib.context import story_ids, filler_ids
 from course_lib.context import context_ids
 from course_lib.generation import generate, prefill, decode_step
-from course_lib.measure.race import race, long_context, decode_profile, layout_gains, our_step_seconds
+from course_lib.measure.race import race, long_context, decode_profile, layout_gains, our_step_seconds, step_anatomy
 
 model, tokenizer = course_lib.load_model()
 ours = m.Model.from_transformers(model)
@@ -253,8 +255,55 @@ plt.show()
 # Read the table from the run above: matrix products dominate at short context for both (that is the
 # weights' read; ours is shorter where its matrices are stored by columns); at long context attention
 # and, for the library, the copies of a growing cache take more. Ours launches fewer operators per step
-# (fused projections, no per-step cache reallocation). What is left of our step is reading: the weights
-# once and the cache once.
+# (fused projections, no per-step cache reallocation).
+#
+# How much of our step is *not* reading the weights? Time the step, then time the very same matrix objects
+# called alone, one row each, in the step's order: the difference is everything else (attention over the
+# cache, norms, rotary, cache writes, the picker, and calling each operator from Python).
+
+# %%
+anatomy = step_anatomy(ours, story, steps=20)
+print(f"decode step {anatomy['step_ms']:.1f} ms = matrix products alone {anatomy['products_ms']:.1f} ms "
+      f"+ everything else {anatomy['rest_ms']:.1f} ms ({anatomy['rest_ms'] / anatomy['step_ms']:.0%})")
+print(f"operators per step: {anatomy['aten_ops']:.0f} as the profiler counts them, {anatomy['python_calls']:.0f} "
+      f"called from Python; calling a tiny operator costs {anatomy['tiny_call_us']:.2f} us here, so calling "
+      f"them all is about {anatomy['calling_ms_estimate']:.1f} ms")
+
+# %% [markdown]
+# The profiler's count includes operators nested inside others (a `linear` is `t`, `matmul`, `mm`, views...),
+# which run in C++ and cost far less than a call from Python. Counting operators is not timing them: below,
+# the same product of one row by a weight matrix, once through `F.linear` (one call from Python, several
+# operators inside) and once as `view`, `mm`, `view` written out (three calls, fewer operators in all).
+
+# %%
+from torch.profiler import profile as _profile, ProfilerActivity as _Activity
+
+
+def counted_and_timed(fn, repeats=2000):
+    """(operators the profiler counts for one call, microseconds per call: best of 3 loops)"""
+    fn()
+    with _profile(activities=[_Activity.CPU]) as prof:
+        fn()
+    n = sum(1 for e in prof.events() if e.name.startswith("aten::"))
+    return n, min(timeit.timeit(fn, number=repeats) for _ in range(3)) / repeats * 1e6
+
+
+W = ours.layers[0].o.weight  # (576, 576), as the model holds it
+x1 = torch.randn(1, 1, W.shape[1])
+by_linear = counted_and_timed(lambda: torch.nn.functional.linear(x1, W))
+by_hand = counted_and_timed(lambda: torch.mm(x1.view(1, -1), W.t()).view(1, 1, -1))
+for name, (n, us) in [("F.linear", by_linear), ("view, mm, view", by_hand)]:
+    print(f"{name:<15} {n:2d} operators counted, {us:5.2f} us per call")
+(fast_name, fast), (_, slow) = sorted([("F.linear", by_linear), ("view, mm, view", by_hand)], key=lambda r: r[1][1])
+print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with "
+      f"{'more' if fast[0] > slow[0] else 'fewer' if fast[0] < slow[0] else 'as many'} operators counted")
+
+# %% [markdown]
+# Where the faster one had more operators counted (it did on the machine this lesson was written on: 5.8
+# against 6.9 us), the count is the wrong thing to shrink: what costs is each call from Python, and the
+# products' bytes. The "everything else" above is the share a compiled step or a C++ engine such as
+# llama.cpp goes after; the products' share is what no engine avoids, since every token reads the weights
+# once. Lesson 12 races this engine's formats against llama.cpp on the same file.
 #
 # ## Summary
 #

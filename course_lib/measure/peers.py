@@ -1,0 +1,98 @@
+"""The course's engine against llama.cpp on the very same GGUF file, in one run (issue: the engine as fast as
+llama.cpp).
+
+What it does: builds the inputs every path reads (the course's tokenizer's IDs: a chat prompt, a 1,000-token
+prompt for prefill, 1,024 tokens of the course's long text for perplexity), measures the course's formats
+(decode tokens per second as the median gap between tokens, prefill tokens per second, perplexity), and runs
+llama.cpp's side (measure/peers_llama.py) in this environment when llama-cpp-python is installed here, or in
+another Python that has it (a scratch environment), on the same IDs and thread counts.
+What it does not do: install llama.cpp; draw (lesson 12 does).
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .peers_llama import llama_cpp_available, llama_path
+from .quality import perplexity
+from .race import our_step_seconds
+from .timers import median
+
+PEERS_FILE = "peers-cpu-*.json"  # under data/benchmarks: the committed runs
+
+
+def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_tokens: int = 1024) -> dict:
+    """The token IDs every path reads: a chat prompt, a long prompt for prefill, a text for perplexity."""
+    from ..context import chat_ids, filler_ids
+    from ..long_context import long_text_ids
+    prompt = chat_ids(tokenizer, "Write a short story about a lighthouse keeper.", system="You are a helpful assistant.")
+    return {"prompt": prompt, "long": filler_ids(tokenizer, long_tokens), "text": long_text_ids(tokenizer)[:text_tokens],
+            "n_new": n_new}
+
+
+def course_prefill(model, prompt_ids: list[int], repeats: int = 2) -> float:
+    """Prefill tokens per second of the course's model: the prompt into a fresh cache, best of `repeats`."""
+    from ..generation import prefill
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        prefill(model, prompt_ids, capacity=len(prompt_ids) + 1)
+        best = min(best, time.perf_counter() - start)
+    return len(prompt_ids) / best
+
+
+def course_path(model, tokenizer, inputs: dict) -> dict:
+    our_step_seconds(model, tokenizer, inputs["prompt"], 3)  # warm-up
+    gaps = our_step_seconds(model, tokenizer, inputs["prompt"], inputs["n_new"] + 1)
+    return {"decode_tokens_per_s": 1 / median(gaps), "prefill_tokens_per_s": course_prefill(model, inputs["long"]),
+            "perplexity": perplexity(model, inputs["text"])}
+
+
+def llama_side(gguf_path, threads: int, inputs: dict, python: str | None = None) -> dict:
+    """llama.cpp's figures at `threads`: in this process when llama_cpp imports here, else with `python`
+    (an interpreter whose environment has llama-cpp-python)."""
+    if python is None:
+        if not llama_cpp_available():
+            raise ImportError("llama.cpp is not installed here: pip install llama-cpp-python (it compiles for "
+                              "minutes), or pass the Python of a scratch environment that has it")
+        return llama_path(gguf_path, threads, inputs["prompt"], inputs["long"], inputs["text"], inputs["n_new"])
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(inputs, f)
+    script = Path(__file__).with_name("peers_llama.py")
+    proc = subprocess.run([python, str(script), f.name, str(gguf_path), str(threads)], capture_output=True,
+                          text=True, timeout=1800)
+    Path(f.name).unlink()
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama.cpp's side failed: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "int4"), threads=(1, 2),
+              llama_python: str | None = None, n_new: int = 128) -> dict:
+    """One run: every format of the course and llama.cpp, at each thread count, on the same IDs and file."""
+    from ..formats import convert
+    from ..loading import gguf_path
+    from ..model import Model
+    inputs = peer_inputs(tokenizer, n_new)
+    reference = Model.from_transformers(model, dtype=torch.float32)
+    built = {name: reference if name == "float32" else convert(reference, name) for name in formats}
+    before = torch.get_num_threads()
+    rows = []
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            for name, fmt in built.items():
+                rows.append({"path": f"course {name}", "threads": t, **course_path(fmt, tokenizer, inputs)})
+            llama = llama_side(gguf_path(), t, inputs, llama_python)
+            rows.append({"path": "llama.cpp", "threads": t, **{k: v for k, v in llama.items() if k != "greedy_tokens"}})
+    finally:
+        torch.set_num_threads(before)
+    return {"inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
+                       "perplexity_tokens": len(inputs["text"]), "text": "data/long (Pride and Prejudice), first tokens"},
+            "gguf": gguf_path().name, "rows": rows}

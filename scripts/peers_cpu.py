@@ -1,0 +1,47 @@
+"""One run of the course's engine against llama.cpp on the same GGUF file, written to data/benchmarks/.
+
+    .venv/bin/python scripts/peers_cpu.py --llama-python /tmp/llama-venv/bin/python
+
+llama.cpp comes from llama-cpp-python, which compiles for minutes: install it once in a scratch environment
+(python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install llama-cpp-python), never in the
+course's .venv; or install it where this script runs and leave --llama-python out.
+"""
+import argparse
+import json
+import platform
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--llama-python", help="a Python whose environment has llama-cpp-python")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")
+    parser.add_argument("--formats", default="float32,int8,int4", help="the course's formats to run")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    args = parser.parse_args()
+    import torch
+    import course_lib
+    from course_lib.measure.peers import peers_run
+    from course_lib.runtime import describe_device
+    model, tokenizer = course_lib.load_model(device="cpu", dtype="float32")
+    result = peers_run(model, tokenizer, tuple(args.formats.split(",")), tuple(int(t) for t in args.threads.split(",")),
+                       args.llama_python, args.new_tokens)
+    result.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+                  machine=describe_device(torch.device("cpu")), processor=platform.processor() or platform.machine())
+    out = Path(args.out) / f"peers-cpu-{result['when'][:10]}.json"
+    out.write_text(json.dumps(result, indent=1))
+    for row in result["rows"]:
+        print(f"{row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s, "
+              f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
+    print(f"written: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The comparison with llama.cpp (measure/peers.py, peers_llama.py): the formulas on stand-ins for llama.cpp,
+the course's side on the tiny model, and a clear message where llama.cpp is not installed."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from course_lib.measure import peers, peers_llama
+from course_lib.model import Model
+
+
+class FakeLlama:
+    """What llama_decode and llama_perplexity read from llama_cpp.Llama: reset, eval, n_tokens, scores."""
+
+    def __init__(self, vocab=5, next_of=lambda t: (t + 1) % 5, uniform=False):
+        self.vocab, self.next_of, self.uniform = vocab, next_of, uniform
+        self.scores, self.n_tokens = np.zeros((64, vocab), dtype=np.float32), 0
+
+    def reset(self):
+        self.n_tokens = 0
+
+    def eval(self, tokens):
+        for t in tokens:
+            row = np.zeros(self.vocab, dtype=np.float32)
+            if not self.uniform:
+                row[self.next_of(t)] = 5.0
+            self.scores[self.n_tokens] = row
+            self.n_tokens += 1
+
+
+def test_llama_decode_is_greedy_on_the_last_logits():
+    out = peers_llama.llama_decode(FakeLlama(), [0, 1, 2], n_new=6)
+    assert out["tokens"] == [3, 4, 0, 1, 2, 3] and out["tokens_per_s"] > 0
+
+
+def test_llama_perplexity_of_uniform_logits_is_the_vocabulary():
+    assert peers_llama.llama_perplexity(FakeLlama(vocab=7, uniform=True), [1, 2, 3, 4]) == pytest.approx(7)
+    sure = peers_llama.llama_perplexity(FakeLlama(), [0, 1, 2, 3])  # every next token given logit 5 over 4 zeros
+    assert sure == pytest.approx(math.exp(-math.log(math.exp(5) / (math.exp(5) + 4))), rel=1e-6)
+    wrong = peers_llama.llama_perplexity(FakeLlama(), [0, 3, 1, 4])  # never the predicted one
+    assert wrong > sure
+
+
+def test_llama_side_without_llama_cpp_says_how_to_get_it(monkeypatch):
+    monkeypatch.setattr(peers, "llama_cpp_available", lambda: False)
+    with pytest.raises(ImportError, match="pip install llama-cpp-python"):
+        peers.llama_side("model.gguf", 1, {"prompt": [1], "long": [1], "text": [1, 2], "n_new": 1})
+
+
+def test_the_course_side_measures_each_figure(tiny, tokenizer):
+    from course_lib.measure.quality import perplexity
+    ours = Model.from_transformers(tiny, dtype=torch.float32)
+    inputs = {"prompt": [5, 6, 7], "long": list(range(3, 40)), "text": list(range(3, 30)), "n_new": 4}
+    row = peers.course_path(ours, tokenizer, inputs)
+    assert row["decode_tokens_per_s"] > 0 and row["prefill_tokens_per_s"] > 0
+    assert row["perplexity"] == pytest.approx(perplexity(ours, inputs["text"])) and row["perplexity"] > 1
+
+
+def test_step_anatomy_adds_up(tiny):
+    from course_lib.measure.race import step_anatomy
+    ours = Model.from_transformers(tiny, dtype=torch.float32)
+    a = step_anatomy(ours, [5, 6, 7, 8], steps=5)
+    assert a["rest_ms"] == pytest.approx(a["step_ms"] - a["products_ms"])
+    assert 0 < a["products_ms"] and 0 < a["python_calls"] < a["aten_ops"]
+    assert a["calling_ms_estimate"] == pytest.approx(a["python_calls"] * a["tiny_call_us"] / 1000)
