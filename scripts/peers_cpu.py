@@ -17,6 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-python", help="a Python whose environment has llama-cpp-python")
@@ -24,6 +34,7 @@ def main() -> int:
     parser.add_argument("--formats", default="float32,int8,int4", help="the course's formats to run")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    parser.add_argument("--llama-build", default="", help="how llama.cpp was built (CMAKE_ARGS), kept in the record")
     args = parser.parse_args()
     import torch
     import course_lib
@@ -33,7 +44,7 @@ def main() -> int:
     result = peers_run(model, tokenizer, tuple(args.formats.split(",")), tuple(int(t) for t in args.threads.split(",")),
                        args.llama_python, args.new_tokens)
     result.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
-                  machine=describe_device(torch.device("cpu")), processor=platform.processor() or platform.machine())
+                  machine=describe_device(torch.device("cpu")), processor=_cpu_name(), llama_cpp_build=args.llama_build)
     out = Path(args.out) / f"peers-cpu-{result['when'][:10]}.json"
     out.write_text(json.dumps(result, indent=1))
     for row in result["rows"]:

@@ -29,7 +29,8 @@ class FakeLlama:
             self.n_tokens += 1
 
 
-def test_llama_decode_is_greedy_on_the_last_logits():
+def test_llama_decode_is_greedy_on_the_last_logits(monkeypatch):
+    monkeypatch.setattr(peers_llama, "last_logits", lambda llm: llm.scores[llm.n_tokens - 1])
     out = peers_llama.llama_decode(FakeLlama(), [0, 1, 2], n_new=6)
     assert out["tokens"] == [3, 4, 0, 1, 2, 3] and out["tokens_per_s"] > 0
 
@@ -64,3 +65,27 @@ def test_step_anatomy_adds_up(tiny):
     assert a["rest_ms"] == pytest.approx(a["step_ms"] - a["products_ms"])
     assert 0 < a["products_ms"] and 0 < a["python_calls"] < a["aten_ops"]
     assert a["calling_ms_estimate"] == pytest.approx(a["python_calls"] * a["tiny_call_us"] / 1000)
+
+
+def test_describe_compares_each_thread_count_with_llama_cpp():
+    row = lambda path, t, dec, pre, ppl: {"path": path, "threads": t, "decode_tokens_per_s": dec,  # noqa: E731
+                                          "prefill_tokens_per_s": pre, "perplexity": ppl}
+    record = {"inputs": {"prompt_tokens": 29, "new_tokens": 128, "prefill_tokens": 1000, "perplexity_tokens": 1024},
+              "rows": [row("course int4", 1, 60.0, 300.0, 18.18), row("course float32", 1, 20.0, 500.0, 18.0),
+                       row("llama.cpp", 1, 50.0, 250.0, 18.0)]}
+    lines = peers.describe(record)
+    assert "fastest decode course int4 at 1.20x llama.cpp (perplexity +1.0%)" in lines[-2]
+    assert "fastest prefill course float32 at 2.0x" in lines[-2]
+
+
+def test_the_committed_record_holds_what_the_issue_asks():
+    import json
+    from pathlib import Path
+    records = sorted((Path(__file__).resolve().parent.parent / "data" / "benchmarks").glob("peers-cpu-*.json"))
+    assert records, "no committed peers-cpu record"
+    record = json.loads(records[-1].read_text())
+    for t in (1, 2):
+        paths = {r["path"] for r in record["rows"] if r["threads"] == t}
+        assert "llama.cpp" in paths and "course int4" in paths and "course float32" in paths
+    assert record["inputs"]["prefill_tokens"] == 1000 and record["llama_cpp_build"]
+    assert all(r["perplexity"] > 1 and r["decode_tokens_per_s"] > 0 for r in record["rows"])

@@ -96,3 +96,26 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
     return {"inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
                        "perplexity_tokens": len(inputs["text"]), "text": "data/long (Pride and Prejudice), first tokens"},
             "gguf": gguf_path().name, "rows": rows}
+
+
+def describe(record: dict) -> list[str]:
+    """A committed peers record as lines: each path and thread count, then per thread count the course's fastest
+    decode and prefill against llama.cpp's (and the decode path's perplexity against llama.cpp's)."""
+    inputs = record["inputs"]
+    lines = [f"{inputs['prompt_tokens']}-token prompt, {inputs['new_tokens']} greedy tokens; prefill of "
+             f"{inputs['prefill_tokens']}; perplexity on {inputs['perplexity_tokens']} tokens of the course's long text"]
+    for row in record["rows"]:
+        lines.append(f"  {row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s, "
+                     f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
+    for t in sorted({row["threads"] for row in record["rows"]}):
+        rows = [row for row in record["rows"] if row["threads"] == t]
+        llama = next(row for row in rows if row["path"] == "llama.cpp")
+        ours = [row for row in rows if row["path"] != "llama.cpp"]
+        best = max(ours, key=lambda row: row["decode_tokens_per_s"])
+        fill = max(ours, key=lambda row: row["prefill_tokens_per_s"])
+        lines.append(f"  {t} thread(s): fastest decode {best['path']} at "
+                     f"{best['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x llama.cpp (perplexity "
+                     f"{100 * (best['perplexity'] / llama['perplexity'] - 1):+.1f}%), fastest prefill {fill['path']} at "
+                     f"{fill['prefill_tokens_per_s'] / llama['prefill_tokens_per_s']:.1f}x")
+    lines.append(f"  llama.cpp build: {record.get('llama_cpp_build') or 'as pip builds it'}; CPU: {record.get('processor', '?')}")
+    return lines

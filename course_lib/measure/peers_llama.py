@@ -30,6 +30,13 @@ def open_llama(gguf_path, threads: int, n_ctx: int, logits_all: bool = False):
                  n_batch=512, logits_all=logits_all, verbose=False, n_gpu_layers=0)
 
 
+def last_logits(llm):
+    """The logits of the last evaluated position, read in place from llama.cpp's buffer (a numpy view).
+    note: llama-cpp-python 0.3 no longer copies them into `scores` unless logits_all is set."""
+    import numpy as np
+    return np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),))
+
+
 def llama_decode(llm, prompt_ids, n_new: int) -> dict:
     """Greedy decode: the prompt evaluated, then n_new tokens one by one (argmax of the last logits, evaluated
     back). Tokens per second from the median gap between tokens, as the course measures its own."""
@@ -38,7 +45,7 @@ def llama_decode(llm, prompt_ids, n_new: int) -> dict:
     tokens, gaps = [], []
     for _ in range(n_new):
         start = time.perf_counter()
-        token = int(llm.scores[llm.n_tokens - 1].argmax())  # note: the logits of the last evaluated position
+        token = int(last_logits(llm).argmax())
         llm.eval([token])
         gaps.append(time.perf_counter() - start)
         tokens.append(token)

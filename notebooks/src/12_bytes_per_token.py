@@ -191,6 +191,47 @@ print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32
 # prefill, the reverse of their decode order. A loaded machine can reorder close timings: rerun the cell
 # before you draw a conclusion from a gap of a few percent.
 #
+# ## 7. Against llama.cpp on the same file
+#
+# What a CPU user would run instead of this engine is llama.cpp, on the very same GGUF file. It is a C++
+# program that compiles for minutes, so the course does not install it: `scripts/peers_cpu.py` ran both in
+# one sitting on the course's machine (same token IDs, same file, 1 and 2 threads) and wrote the record read
+# below. Your own int4 decode figure from section 4 stands beside it; if `llama_cpp` is importable here, the
+# cell also runs llama.cpp live on your machine.
+
+# %%
+import json
+from pathlib import Path
+from course_lib.measure import peers_llama
+from course_lib.measure.peers import describe
+
+records = sorted(Path("../data/benchmarks").glob("peers-cpu-*.json"))
+if records:
+    print(f"committed run {records[-1].name}:")
+    print("\n".join(describe(json.loads(records[-1].read_text()))))
+else:
+    print("no committed record: run scripts/peers_cpu.py (it needs llama-cpp-python in some environment)")
+print(f"yours, int4, this run ({torch.get_num_threads()} threads): decode {1000 / step_ms['int4']:.1f} tok/s")
+if peers_llama.llama_cpp_available():
+    from course_lib.loading import gguf_path
+    llm = peers_llama.open_llama(gguf_path(), torch.get_num_threads(), n_ctx=len(prompt) + 40)
+    live = peers_llama.llama_decode(llm, prompt, 32)
+    print(f"llama.cpp, live here: decode {live['tokens_per_s']:.1f} tok/s")
+else:
+    print(f"llama.cpp is not installed here (optional): {peers_llama.INSTALL}")
+
+# %% [markdown]
+# Read the committed lines as one race: same file, same token IDs, same machine, same sitting. The
+# comparison lines divide the course's fastest path by llama.cpp's at each thread count. Decode is one row
+# at a time: the weights' bytes, then lesson 11's "everything else" (per-call costs that llama.cpp, a
+# compiled C++ program, mostly does not pay). Prefill is many rows: arithmetic, and there the course's
+# float formats go through oneDNN's and MKL's matrix kernels, which use the wide and matrix instructions
+# this CPU has. Perplexity on the same text checks that the speed was not bought with quality: the float32
+# weights are the file's own values, so float32 is the file's answer computed without rounding of the
+# activations. Two cautions the record itself carries: llama.cpp was built without its AMX kernel (the
+# default build crashed in it on that machine), and one sitting on a 2-core machine is one sample: a gap of
+# a few percent can reverse in the next.
+#
 # ## Summary
 #
 # - The file on disk, the model in memory and the bytes read per token are three different numbers;
@@ -203,6 +244,9 @@ print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32
 # - Prefill is bound by arithmetic: weight-only formats do not speed it up; bfloat16 arithmetic can, on a CPU
 #   that has instructions for it (section 6 printed whether this one does, and what it measured).
 # - The output head is the most sensitive matrix: in 4 bits it costs far more agreement than the layers.
+# - Against llama.cpp on the same file (section 7), the committed record gives the ratio of the course's
+#   fastest decode and prefill to llama.cpp's at 1 and 2 threads, with perplexity beside them: a ratio from one
+#   sitting on one machine, with how llama.cpp was built.
 #
 # ---
 # ## Exercises
