@@ -18,13 +18,15 @@ sys.path.insert(0, str(ROOT))
 
 
 def _cpu_name() -> str:
+    """The CPU's name and the vector and matrix instruction sets that matter here (Linux), else platform's guess."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return platform.processor() or platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    wanted = [f for f in flags if f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16") or f.startswith("amx")]
+    return f"{name} (flags: {' '.join(wanted) or 'none of avx2, avx512, amx'})"
 
 
 def main() -> int:

@@ -89,3 +89,13 @@ def test_the_committed_record_holds_what_the_issue_asks():
         assert "llama.cpp" in paths and "course int4" in paths and "course float32" in paths
     assert record["inputs"]["prefill_tokens"] == 1000 and record["llama_cpp_build"]
     assert all(r["perplexity"] > 1 and r["decode_tokens_per_s"] > 0 for r in record["rows"])
+
+
+def test_head_options_read_fewer_bytes_with_fewer_bits(tiny, tokenizer):
+    ours = Model.from_transformers(tiny, dtype=torch.float32)
+    inputs = {"prompt": [5, 6, 7], "long": [], "text": list(range(3, 20)), "n_new": 3}
+    rows = peers.head_options(ours, tokenizer, inputs)
+    assert [r["head"] for r in rows] == ["float", "int8", "int4"]
+    sizes = [r["weight_bytes"] for r in rows]
+    assert sizes[0] > sizes[1] > sizes[2]  # the tiny model's head is most of its bytes
+    assert all(r["decode_tokens_per_s"] > 0 and r["perplexity"] > 1 for r in rows)

@@ -54,6 +54,23 @@ def course_path(model, tokenizer, inputs: dict) -> dict:
             "perplexity": perplexity(model, inputs["text"])}
 
 
+def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("float", "int8", "int4"),
+                 quality: bool = True) -> list[dict]:
+    """The output head (a fifth of the weights) in each kind, the layers in `fmt`: bytes per token, decode tokens
+    per second, and perplexity on the same text (when `quality`). What the default head of `fmt` is chosen from."""
+    from ..formats import convert
+    rows = []
+    for head in heads:
+        model = convert(reference, fmt, head=head)
+        our_step_seconds(model, tokenizer, inputs["prompt"], 3)  # warm-up
+        gaps = our_step_seconds(model, tokenizer, inputs["prompt"], inputs["n_new"] + 1)
+        row = {"format": fmt, "head": head, "weight_bytes": model.weight_bytes(), "decode_tokens_per_s": 1 / median(gaps)}
+        if quality:
+            row["perplexity"] = perplexity(model, inputs["text"])
+        rows.append(row)
+    return rows
+
+
 def llama_side(gguf_path, threads: int, inputs: dict, python: str | None = None) -> dict:
     """llama.cpp's figures at `threads`: in this process when llama_cpp imports here, else with `python`
     (an interpreter whose environment has llama-cpp-python)."""
@@ -83,7 +100,7 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
     reference = Model.from_transformers(model, dtype=torch.float32)
     built = {name: reference if name == "float32" else convert(reference, name) for name in formats}
     before = torch.get_num_threads()
-    rows = []
+    rows, heads = [], []
     try:
         for t in threads:
             torch.set_num_threads(t)
@@ -91,9 +108,11 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
                 rows.append({"path": f"course {name}", "threads": t, **course_path(fmt, tokenizer, inputs)})
             llama = llama_side(gguf_path(), t, inputs, llama_python)
             rows.append({"path": "llama.cpp", "threads": t, **{k: v for k, v in llama.items() if k != "greedy_tokens"}})
+            if "int4" in built:
+                heads += [{"threads": t, **h} for h in head_options(reference, tokenizer, inputs, quality=t == threads[0])]
     finally:
         torch.set_num_threads(before)
-    return {"inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
+    return {"head": heads, "inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
                        "perplexity_tokens": len(inputs["text"]), "text": "data/long (Pride and Prejudice), first tokens"},
             "gguf": gguf_path().name, "rows": rows}
 
@@ -117,5 +136,9 @@ def describe(record: dict) -> list[str]:
                      f"{best['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x llama.cpp (perplexity "
                      f"{100 * (best['perplexity'] / llama['perplexity'] - 1):+.1f}%), fastest prefill {fill['path']} at "
                      f"{fill['prefill_tokens_per_s'] / llama['prefill_tokens_per_s']:.1f}x")
+    for h in record.get("head", []):
+        quality = f", perplexity {h['perplexity']:.3f}" if "perplexity" in h else ""
+        lines.append(f"  {h['format']} layers, {h['head']:<5} head, {h['threads']} thread(s): {h['weight_bytes'] / 1e6:5.1f} MB "
+                     f"per token, decode {h['decode_tokens_per_s']:5.1f} tok/s{quality}")
     lines.append(f"  llama.cpp build: {record.get('llama_cpp_build') or 'as pip builds it'}; CPU: {record.get('processor', '?')}")
     return lines

@@ -228,7 +228,10 @@ else:
 # float formats go through oneDNN's and MKL's matrix kernels, which use the wide and matrix instructions
 # this CPU has. Perplexity on the same text checks that the speed was not bought with quality: the float32
 # weights are the file's own values, so float32 is the file's answer computed without rounding of the
-# activations. Two cautions the record itself carries: llama.cpp was built without its AMX kernel (the
+# activations. The lines before the build say why the int4 format keeps an int8 output head: the head is a
+# fifth of the weights, and the same int4 layers were timed with the head in bfloat16, int8 and 4 bits;
+# compare what the 4-bit head gains in tokens per second with what it costs in perplexity (section 5 showed
+# the head is the most sensitive matrix). Two cautions the record itself carries: llama.cpp was built without its AMX kernel (the
 # default build crashed in it on that machine), and one sitting on a 2-core machine is one sample: a gap of
 # a few percent can reverse in the next.
 #
