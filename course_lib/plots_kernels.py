@@ -49,7 +49,7 @@ def plot_tiles(trace: list, tokens: int, tile_q: int, tile_k: int, query_tile: i
     grid.set_xlabel(f"key tile ({tile_k} keys each)")
     grid.set_ylabel(f"query tile ({tile_q} queries each)")
     grid.set_title(f"{len(trace)} tiles computed, {n_q * n_k - len(trace)} skipped (after the diagonal)")
-    steps = [m[0, head].float().numpy() for qs, _, m in trace if qs == query_tile]  # (tq,) per key tile
+    steps = [m[0, head].float().cpu().numpy() for qs, _, m in trace if qs == query_tile]  # (tq,) per key tile
     if steps:
         running = np.stack(steps)  # (key tiles, tq)
         for row in range(0, running.shape[1], max(1, running.shape[1] // 6)):

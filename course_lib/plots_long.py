@@ -52,7 +52,7 @@ def plot_loss_by_position(runs: dict, budget: int, smooth: int = 64, ax=None,
     ax = axes_or_new(ax)
     kernel = np.ones(smooth) / smooth
     for i, (name, run) in enumerate(runs.items()):
-        loss = np.convolve(run.nll.numpy(), kernel, mode="valid")
+        loss = np.convolve(run.nll.cpu().numpy(), kernel, mode="valid")
         ax.plot(np.arange(len(loss)) + smooth, loss, color=PALETTE[i % len(PALETTE)], lw=1.2, label=name)
     ax.axvline(budget, color="grey", ls=":", label=f"budget ({budget} tokens)")
     ax.set_xlabel("position in the text (tokens)")

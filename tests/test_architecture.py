@@ -189,3 +189,27 @@ def bare_generators(source: str) -> list[int]:
     """Lines that make a torch.Generator without naming its device."""
     return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
             and getattr(n.func, "attr", None) == "Generator" and not any(k.arg == "device" for k in n.keywords)]
+
+
+def test_every_numpy_call_moves_its_tensor_to_the_cpu_first():
+    """.numpy() refuses a tensor on a GPU: every one in the package, the lessons and the solutions reads from
+    .cpu() (a no-op on the CPU), or from a tensor made right there with no device (on the CPU by definition)."""
+    assert device_numpy_calls("a = x.numpy()\nb = x.cpu().numpy()\nc = torch.tensor([1]).numpy()\n"
+                              "d = torch.tensor([1], device=dev).numpy()") == [1, 4]
+    top = ROOT.parent
+    found = [f"{path.relative_to(top)}:{line}"
+             for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
+             for line in device_numpy_calls(path.read_text())]
+    assert not found, found
+
+
+def device_numpy_calls(source: str) -> list[int]:
+    """Lines that call .numpy() on a tensor that may not be on the CPU."""
+    def safe(receiver) -> bool:
+        if not isinstance(receiver, ast.Call):
+            return False
+        made_here = getattr(receiver.func, "attr", None) in ("tensor", "as_tensor") and not any(
+            k.arg == "device" for k in receiver.keywords)
+        return getattr(receiver.func, "attr", None) == "cpu" or made_here
+    return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
+            and getattr(n.func, "attr", None) == "numpy" and not safe(n.func.value)]
