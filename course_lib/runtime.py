@@ -30,6 +30,16 @@ def _mps_available() -> bool:
     return bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
 
 
+def cpu_lesson(reason: str, request: str | None = None) -> str:
+    """The CPU, for a lesson whose kernels exist only there, with a printed line when the device the course would
+    pick (COURSE_DEVICE, else auto) is another one: the lesson says why it does not use the GPU, instead of failing
+    on it. Returns the device name for load_model. Example: cpu_lesson("torch's 4-bit kernel is a CPU kernel") -> "cpu" """
+    wanted = resolve_device(request)
+    if wanted.type != "cpu":
+        print(f"this lesson runs on the CPU, not on {wanted}: {reason}")
+    return "cpu"
+
+
 def resolve_device(request: str | None = None) -> torch.device:
     """Checked device for a request; None reads COURSE_DEVICE, then "auto" (CUDA, then MPS, then CPU).
     Example: resolve_device("cpu") -> device(type='cpu')"""

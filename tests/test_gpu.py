@@ -95,3 +95,21 @@ def test_lesson_16_kernels_on_the_gpu():
     qd = torch.randn(2, 9, 64, device="cuda", generator=g)
     out = paged_decode(qd, keys, values, decode_plan(tables, lengths, 16, 128, 2), 16)
     assert (out - gather_decode(qd, keys, values, read, lengths)).abs().max() <= 1e-4
+
+
+NOTEBOOKS = sorted((__import__("pathlib").Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_lesson_runs_on_the_gpu(path, monkeypatch):
+    """Each lesson top to bottom with COURSE_DEVICE=cuda: where a lesson's kernels exist only on the CPU it says so
+    and runs there (runtime.cpu_lesson); everywhere else it must run on the GPU without an error."""
+    import nbformat
+    from nbclient import NotebookClient
+    monkeypatch.setenv("COURSE_DEVICE", "cuda")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="llm-course", resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors[0]["ename"] + ": " + errors[0]["evalue"]

@@ -66,3 +66,14 @@ def test_timing_records_every_repeat():
     with stopwatch("cpu") as t:
         time.sleep(0.02)
     assert 0.015 < t["seconds"] < 1.0
+
+
+def test_a_cpu_lesson_says_why_it_leaves_the_gpu(monkeypatch, capsys):
+    import torch
+    from course_lib import runtime
+    monkeypatch.setattr(runtime, "resolve_device", lambda request=None: torch.device("cuda"))
+    assert runtime.cpu_lesson("the 4-bit kernel is a CPU kernel") == "cpu"
+    assert "runs on the CPU, not on cuda: the 4-bit kernel is a CPU kernel" in capsys.readouterr().out
+    monkeypatch.setattr(runtime, "resolve_device", lambda request=None: torch.device("cpu"))
+    assert runtime.cpu_lesson("anything") == "cpu"
+    assert capsys.readouterr().out == ""  # on the CPU already: nothing to say

@@ -30,10 +30,11 @@ from course_lib.measure.quality import agreement, perplexity
 from course_lib.generation import generate, prefill
 from course_lib.loading import GGUF_BYTES
 from course_lib.model import Model
-from course_lib.runtime import time_it
+from course_lib.runtime import cpu_lesson, time_it
 
 torch.set_num_threads(1)
-model, tokenizer = course_lib.load_model()
+device = cpu_lesson("torch's 4-bit kernel here is a CPU kernel, and every format starts from the float32 model")
+model, tokenizer = course_lib.load_model(device=device, dtype="float32")
 ours = Model.from_transformers(model)  # float32, lesson 11
 models = {name: formats.convert(ours, name) for name in formats.FORMATS}
 print("threads:", torch.get_num_threads(), "| formats:", ", ".join(models))

@@ -24,12 +24,14 @@ from course_lib.context import chat_ids, edit_ids, story_ids
 from course_lib.measure.race import generate_exact
 from course_lib.generation import generate, prefill
 from course_lib.model import Model
+from course_lib.runtime import cpu_lesson
 from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, expected_tokens_per_verify,
                                     accept_or_resample)
 from course_lib.measure.speed import verify_cost
 
 torch.set_num_threads(1)  # one thread, set explicitly, as in lesson 12
-model, tokenizer = course_lib.load_model()
+device = cpu_lesson("it runs lesson 12's int4 format, whose 4-bit kernel is a CPU kernel")
+model, tokenizer = course_lib.load_model(device=device, dtype="float32")
 ours = Model.from_transformers(model)  # float32, lesson 11
 int4 = formats.convert(ours, "int4")  # lesson 12's fastest format
 edit, story = edit_ids(tokenizer), story_ids(tokenizer)
