@@ -54,7 +54,7 @@ def test_the_course_side_measures_each_figure(tiny, tokenizer):
     ours = Model.from_transformers(tiny, dtype=torch.float32)
     inputs = {"prompt": [5, 6, 7], "long": list(range(3, 40)), "text": list(range(3, 30)), "n_new": 4}
     row = peers.course_path(ours, tokenizer, inputs)
-    assert row["decode_tokens_per_s"] > 0 and row["prefill_tokens_per_s"] > 0
+    assert row["decode_tokens_per_s"] > 0 and row["generate_tokens_per_s"] > 0 and row["prefill_tokens_per_s"] > 0
     assert row["perplexity"] == pytest.approx(perplexity(ours, inputs["text"])) and row["perplexity"] > 1
 
 
@@ -99,3 +99,9 @@ def test_head_options_read_fewer_bytes_with_fewer_bits(tiny, tokenizer):
     sizes = [r["weight_bytes"] for r in rows]
     assert sizes[0] > sizes[1] > sizes[2]  # the tiny model's head is most of its bytes
     assert all(r["decode_tokens_per_s"] > 0 and r["perplexity"] > 1 for r in rows)
+
+
+def test_the_bare_loop_is_greedy_generation(tiny, tokenizer):
+    from course_lib.measure.race import generate_exact
+    ours = Model.from_transformers(tiny, dtype=torch.float32)
+    assert peers.bare_decode(ours, [5, 6, 7], 6)["tokens"] == generate_exact(ours, tokenizer, [5, 6, 7], 6)

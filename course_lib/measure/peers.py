@@ -47,11 +47,30 @@ def course_prefill(model, prompt_ids: list[int], repeats: int = 2) -> float:
     return len(prompt_ids) / best
 
 
+@torch.inference_mode()
+def bare_decode(model, prompt_ids: list[int], n_new: int) -> dict:
+    """The loop llama_decode runs on llama.cpp, on the course's model: prefill, then argmax of the last logits fed
+    back, n_new times (no picker, no detokenizer, no records). Tokens per second from the median gap."""
+    from ..generation import decode_step, prefill
+    logits, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + n_new + 1)
+    tokens, gaps = [], []
+    for _ in range(n_new):
+        start = time.perf_counter()
+        token = int(logits[0].argmax())
+        logits, cache = decode_step(model, [token], cache)
+        gaps.append(time.perf_counter() - start)
+        tokens.append(token)
+    return {"tokens": tokens, "tokens_per_s": 1 / median(gaps[1:])}
+
+
 def course_path(model, tokenizer, inputs: dict) -> dict:
-    our_step_seconds(model, tokenizer, inputs["prompt"], 3)  # warm-up
+    """decode_tokens_per_s: the same bare loop as llama.cpp's side (bare_decode); generate_tokens_per_s: the
+    course's whole loop (generation.generate: picker, streaming detokenizer, records), for the cost of those."""
+    bare_decode(model, inputs["prompt"], 4)  # warm-up
+    bare = bare_decode(model, inputs["prompt"], inputs["n_new"])
     gaps = our_step_seconds(model, tokenizer, inputs["prompt"], inputs["n_new"] + 1)
-    return {"decode_tokens_per_s": 1 / median(gaps), "prefill_tokens_per_s": course_prefill(model, inputs["long"]),
-            "perplexity": perplexity(model, inputs["text"])}
+    return {"decode_tokens_per_s": bare["tokens_per_s"], "generate_tokens_per_s": 1 / median(gaps),
+            "prefill_tokens_per_s": course_prefill(model, inputs["long"]), "perplexity": perplexity(model, inputs["text"])}
 
 
 def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("float", "int8", "int4"),
@@ -62,9 +81,9 @@ def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("
     rows = []
     for head in heads:
         model = convert(reference, fmt, head=head)
-        our_step_seconds(model, tokenizer, inputs["prompt"], 3)  # warm-up
-        gaps = our_step_seconds(model, tokenizer, inputs["prompt"], inputs["n_new"] + 1)
-        row = {"format": fmt, "head": head, "weight_bytes": model.weight_bytes(), "decode_tokens_per_s": 1 / median(gaps)}
+        bare_decode(model, inputs["prompt"], 4)  # warm-up
+        row = {"format": fmt, "head": head, "weight_bytes": model.weight_bytes(),
+               "decode_tokens_per_s": bare_decode(model, inputs["prompt"], inputs["n_new"])["tokens_per_s"]}
         if quality:
             row["perplexity"] = perplexity(model, inputs["text"])
         rows.append(row)
@@ -121,10 +140,12 @@ def describe(record: dict) -> list[str]:
     """A committed peers record as lines: each path and thread count, then per thread count the course's fastest
     decode and prefill against llama.cpp's (and the decode path's perplexity against llama.cpp's)."""
     inputs = record["inputs"]
-    lines = [f"{inputs['prompt_tokens']}-token prompt, {inputs['new_tokens']} greedy tokens; prefill of "
+    lines = [f"{inputs['prompt_tokens']}-token prompt, {inputs['new_tokens']} greedy tokens (decode: the same bare loop on "
+             "both sides, argmax fed back; whole loop: the course's generate); prefill of "
              f"{inputs['prefill_tokens']}; perplexity on {inputs['perplexity_tokens']} tokens of the course's long text"]
     for row in record["rows"]:
-        lines.append(f"  {row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s, "
+        whole = f" (whole loop {row['generate_tokens_per_s']:5.1f})" if "generate_tokens_per_s" in row else " " * 19
+        lines.append(f"  {row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s{whole}, "
                      f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
     for t in sorted({row["threads"] for row in record["rows"]}):
         rows = [row for row in record["rows"] if row["threads"] == t]
