@@ -77,6 +77,10 @@ class CastInt8Linear:
     def nbytes(self) -> int:
         return self.q.numel() + self.scale.numel() * self.scale.element_size()
 
+    @property
+    def in_features(self) -> int:
+        return self.q.shape[1]
+
 
 class Int8Linear(CastInt8Linear):
     """int8 weights, one scale per output channel, multiplied by torch's fused weight-only kernel."""
@@ -100,7 +104,7 @@ class Int4Linear:
             raise ValueError("the 4-bit kernel used here (torch._weight_int4pack_mm_for_cpu) runs on the CPU only; "
                              "on a GPU use 'bfloat16' or 'int8-cast'")
         q, scale, low = quantize_int4(weight, group)
-        self.group, self.out_features = group, weight.shape[0]
+        self.group, self.out_features, self.in_features = group, weight.shape[0], weight.shape[1]
         self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8: two weights per byte
         # subtle: the kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale
         self.scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)

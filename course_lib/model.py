@@ -50,6 +50,10 @@ class Linear:
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
 
 @dataclass
 class Layer:
@@ -261,9 +265,13 @@ class Model:
         keep = T if logits_to_keep in (0, None) else min(logits_to_keep, T)
         return Output(head(self, x[:, T - keep:]), cache)  # note: the head only where logits are wanted
 
+    def linears(self) -> list:
+        """Every matrix product of a decode step, in the order it runs: each layer's four, then the head."""
+        return [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
+
     def weight_bytes(self) -> int:
         """Bytes every decode step reads: all matrices once (the tied head counted: it is read again) and norms."""
-        linears = [self.lm_head] + [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        linears = self.linears()
         norms = [self.final_norm] + [t for layer in self.layers for t in (layer.attn_norm, layer.mlp_norm)]
         return sum(m.nbytes for m in linears) + sum(t.numel() * t.element_size() for t in norms)
 

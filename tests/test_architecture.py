@@ -178,10 +178,7 @@ def test_every_generator_names_its_device():
     """torch refuses a generator of another device than the tensor it draws for (CUDA, MPS): a bare
     torch.Generator() is a CPU one, so every one in the package, the lessons and the solutions names its device."""
     assert bare_generators("g = torch.Generator().manual_seed(0)\nh = torch.Generator(device=x.device)") == [1]
-    top = ROOT.parent
-    bare = [f"{path.relative_to(top)}:{line}"
-            for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
-            for line in bare_generators(path.read_text())]
+    bare = lines_everywhere(bare_generators)
     assert not bare, bare
 
 
@@ -196,11 +193,16 @@ def test_every_numpy_call_moves_its_tensor_to_the_cpu_first():
     .cpu() (a no-op on the CPU), or from a tensor made right there with no device (on the CPU by definition)."""
     assert device_numpy_calls("a = x.numpy()\nb = x.cpu().numpy()\nc = torch.tensor([1]).numpy()\n"
                               "d = torch.tensor([1], device=dev).numpy()") == [1, 4]
-    top = ROOT.parent
-    found = [f"{path.relative_to(top)}:{line}"
-             for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
-             for line in device_numpy_calls(path.read_text())]
+    found = lines_everywhere(device_numpy_calls)
     assert not found, found
+
+
+def lines_everywhere(finder) -> list[str]:
+    """path:line for every line `finder` reports in the package, the lessons' sources and the solutions."""
+    top = ROOT.parent
+    return [f"{path.relative_to(top)}:{line}"
+            for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
+            for line in finder(path.read_text())]
 
 
 def device_numpy_calls(source: str) -> list[int]:

@@ -1,4 +1,6 @@
 """The GPU path (CUDA, bfloat16): run whenever a CUDA GPU is available; skipped on CPU machines."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -97,7 +99,7 @@ def test_lesson_16_kernels_on_the_gpu():
     assert (out - gather_decode(qd, keys, values, read, lengths)).abs().max() <= 1e-4
 
 
-NOTEBOOKS = sorted((__import__("pathlib").Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
 @pytest.mark.slow

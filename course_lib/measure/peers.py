@@ -11,7 +11,6 @@ What it does not do: install llama.cpp; draw (lesson 12 does).
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import tempfile
 import time
@@ -22,10 +21,7 @@ import torch
 from .peers_llama import llama_cpp_available, llama_path
 from .quality import perplexity
 from .race import our_step_seconds
-from .timers import median
-
-PEERS_FILE = "peers-cpu-*.json"  # under data/benchmarks: the committed runs
-
+from .timers import best_of, median
 
 def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_tokens: int = 1024) -> dict:
     """The token IDs every path reads: a chat prompt, a long prompt for prefill, a text for perplexity."""
@@ -39,12 +35,8 @@ def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_token
 def course_prefill(model, prompt_ids: list[int], repeats: int = 2) -> float:
     """Prefill tokens per second of the course's model: the prompt into a fresh cache, best of `repeats`."""
     from ..generation import prefill
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        prefill(model, prompt_ids, capacity=len(prompt_ids) + 1)
-        best = min(best, time.perf_counter() - start)
-    return len(prompt_ids) / best
+    seconds, _ = best_of(lambda: prefill(model, prompt_ids, capacity=len(prompt_ids) + 1), repeats, model.device, warmup=0)
+    return len(prompt_ids) / seconds
 
 
 @torch.inference_mode()

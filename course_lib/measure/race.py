@@ -139,18 +139,6 @@ def decode_profile(model, prompt_ids: list[int], steps: int = 4) -> dict:
             "python_calls_per_step": from_python / steps, "wall_ms_per_step": 1000 * wall}
 
 
-def _linears(model) -> list:
-    return [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
-
-
-def _in_features(linear) -> int:
-    if hasattr(linear, "weight"):
-        return linear.weight.shape[1]
-    if hasattr(linear, "packed"):  # Int4Linear: two numbers per byte
-        return linear.packed.shape[1] * 2
-    return linear.q.shape[1]  # Int8Linear and CastInt8Linear
-
-
 @torch.inference_mode()
 def step_anatomy(model, prompt_ids: list[int], steps: int = 30) -> dict:
     """One decode step at batch 1 split into what can be named, in milliseconds: the whole step (median of
@@ -169,12 +157,12 @@ def step_anatomy(model, prompt_ids: list[int], steps: int = 30) -> dict:
         decode_step(model, [42], cache)
         synchronize(model.device)
         gaps.append(time.perf_counter() - start)
-    linears = _linears(model)
-    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device) for k in {_in_features(m) for m in linears}}
+    linears = model.linears()
+    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device) for k in {m.in_features for m in linears}}
 
     def products():
         for m in linears:
-            m(rows[_in_features(m)])
+            m(rows[m.in_features])
     products_s, _ = best_of(products, repeats=max(3, steps // 5), device=model.device)
     a, b = torch.ones(4, device=model.device), torch.ones(4, device=model.device)
     tiny = best_of(lambda: [torch.add(a, b) for _ in range(1000)], repeats=5, device=model.device)[0] / 1000

@@ -259,7 +259,7 @@ plt.show()
 #
 # How much of our step is *not* reading the weights? Time the step, then time the very same matrix objects
 # called alone, one row each, in the step's order: the difference is everything else (attention over the
-# cache, norms, rotary, cache writes, the picker, and calling each operator from Python).
+# cache, norms, rotary, cache writes, and calling each operator from Python).
 
 # %%
 anatomy = step_anatomy(ours, story, steps=20)
@@ -273,7 +273,8 @@ print(f"operators per step: {anatomy['aten_ops']:.0f} as the profiler counts the
 # The profiler's count includes operators nested inside others (a `linear` is `t`, `matmul`, `mm`, views...),
 # which run in C++ and cost far less than a call from Python. Counting operators is not timing them: below,
 # the same product of one row by a weight matrix, once through `F.linear` (one call from Python, several
-# operators inside) and once as `view`, `mm`, `view` written out (three calls, fewer operators in all).
+# operators inside) and once as `view`, `mm`, `view` written out (three calls, the matrix's transposed view
+# made beforehand).
 
 # %%
 from torch.profiler import profile as _profile, ProfilerActivity as _Activity
@@ -289,9 +290,10 @@ def counted_and_timed(fn, repeats=2000):
 
 
 W = ours.layers[0].o.weight  # (576, 576), as the model holds it
+Wt = W.t()  # (in, out): a view, made once
 x1 = torch.randn(1, 1, W.shape[1])
 by_linear = counted_and_timed(lambda: torch.nn.functional.linear(x1, W))
-by_hand = counted_and_timed(lambda: torch.mm(x1.view(1, -1), W.t()).view(1, 1, -1))
+by_hand = counted_and_timed(lambda: torch.mm(x1.view(1, -1), Wt).view(1, 1, -1))
 for name, (n, us) in [("F.linear", by_linear), ("view, mm, view", by_hand)]:
     print(f"{name:<15} {n:2d} operators counted, {us:5.2f} us per call")
 (fast_name, fast), (_, slow) = sorted([("F.linear", by_linear), ("view, mm, view", by_hand)], key=lambda r: r[1][1])
@@ -299,8 +301,8 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
       f"{'more' if fast[0] > slow[0] else 'fewer' if fast[0] < slow[0] else 'as many'} operators counted")
 
 # %% [markdown]
-# Where the faster one had more operators counted (it did on the machine this lesson was written on: 5.8
-# against 6.9 us), the count is the wrong thing to shrink: what costs is each call from Python, and the
+# Where the faster one had more operators counted (it did in the runs made for this lesson, at one thread
+# and at two), the count is the wrong thing to shrink: what costs is each call from Python, and the
 # products' bytes. The "everything else" above is the share a compiled step or a C++ engine such as
 # llama.cpp goes after; the products' share is what no engine avoids, since every token reads the weights
 # once. Lesson 12 races this engine's formats against llama.cpp on the same file.
@@ -313,7 +315,8 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 # - Rotary makes attention scores depend on the distance between tokens, not on where they are.
 # - A preallocated cache is sized by lesson 07's formula, is written in place, and rolls back by one
 #   assignment (lesson 14 will need that).
-# - At short context a decode step is the weights' read. The same bytes stored in the order this machine's
+# - At short context most of a decode step is the weights' read (section 9 printed the products' share and
+#   what the rest costs; the rest grows with calls from Python, not with the profiler's count). The same bytes stored in the order this machine's
 #   kernel streams best (by columns for some matrices here) read faster: that, not Python overhead, is
 #   what separates the two at short context. A long context is where the cache's design shows.
 #

@@ -197,14 +197,14 @@ print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32
 # What a CPU user would run instead of this engine is llama.cpp, on the very same GGUF file. It is a C++
 # program that compiles for minutes, so the course does not install it: `scripts/peers_cpu.py` ran both in
 # one sitting on the course's machine (same token IDs, same file, 1 and 2 threads) and wrote the record read
-# below. Your own int4 decode figure from section 4 stands beside it; if `llama_cpp` is importable here, the
-# cell also runs llama.cpp live on your machine.
+# below. Your own int4 decode, timed here by the record's bare loop (argmax fed back, no picker or
+# detokenizer), stands beside it; if `llama_cpp` is importable here, the cell also runs llama.cpp live.
 
 # %%
 import json
 from pathlib import Path
 from course_lib.measure import peers_llama
-from course_lib.measure.peers import describe
+from course_lib.measure.peers import bare_decode, describe
 
 records = sorted(Path("../data/benchmarks").glob("peers-cpu-*.json"))
 if records:
@@ -212,7 +212,8 @@ if records:
     print("\n".join(describe(json.loads(records[-1].read_text()))))
 else:
     print("no committed record: run scripts/peers_cpu.py (it needs llama-cpp-python in some environment)")
-print(f"yours, int4, this run ({torch.get_num_threads()} threads): decode {1000 / step_ms['int4']:.1f} tok/s")
+yours = bare_decode(models["int4"], prompt, 32)
+print(f"yours, int4, this run ({torch.get_num_threads()} thread(s), bare loop): decode {yours['tokens_per_s']:.1f} tok/s")
 if peers_llama.llama_cpp_available():
     from course_lib.loading import gguf_path
     llm = peers_llama.open_llama(gguf_path(), torch.get_num_threads(), n_ctx=len(prompt) + 40)
@@ -224,17 +225,17 @@ else:
 # %% [markdown]
 # Read the committed lines as one race: same file, same token IDs, same machine, same sitting. The
 # comparison lines divide the course's fastest path by llama.cpp's at each thread count. Decode is one row
-# at a time: the weights' bytes, then lesson 11's "everything else" (per-call costs that llama.cpp, a
-# compiled C++ program, mostly does not pay). Prefill is many rows: arithmetic, and there the course's
+# at a time: the weights' bytes, then lesson 11's "everything else" (calls from Python among them; llama.cpp's
+# own overhead was not measured here). Prefill is many rows: arithmetic, and there the course's
 # float formats go through oneDNN's and MKL's matrix kernels, which use the wide and matrix instructions
 # this CPU has. Perplexity on the same text checks that the speed was not bought with quality: the float32
 # weights are the file's own values, so float32 is the file's answer computed without rounding of the
 # activations. The lines before the build say why the int4 format keeps an int8 output head: the head is a
 # fifth of the weights, and the same int4 layers were timed with the head in bfloat16, int8 and 4 bits;
 # compare what the 4-bit head gains in tokens per second with what it costs in perplexity (section 5 showed
-# the head is the most sensitive matrix). Two cautions the record itself carries: llama.cpp was built without its AMX kernel (the
-# default build crashed in it on that machine), and one sitting on a 2-core machine is one sample: a gap of
-# a few percent can reverse in the next.
+# the head is the most sensitive matrix). Two cautions the record itself carries: llama.cpp was built
+# without its AMX kernel (the default build crashed in it on that machine), and one sitting on a 2-core
+# machine is one sample: a gap of a few percent can reverse in the next.
 #
 # ## Summary
 #
