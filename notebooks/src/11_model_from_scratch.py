@@ -18,7 +18,7 @@
 # The library's model is loaded as in every lesson; ours is built from its tensors (q|k|v and gate|up are
 # fused into one matrix each, so each layer does four matrix products; section 8 explains the order
 # each matrix is stored in).
-# The code lives in `course_lib/model.py` (under 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
+# The code lives in `course_lib/model.py` (about 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
 
 # %%
 import timeit
@@ -309,7 +309,7 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 #
 # ## Summary
 #
-# - SmolLM2 is under 300 lines of plain torch: embedding, RMSNorm, rotary, grouped-query attention,
+# - SmolLM2 is about 300 lines of plain torch: embedding, RMSNorm, rotary, grouped-query attention,
 #   SwiGLU and a tied head. In float32 it equals the library's logits to within 1e-4 (here: to the last bit
 #   or close), and its greedy tokens are the same.
 # - Rotary makes attention scores depend on the distance between tokens, not on where they are.
