@@ -9,7 +9,9 @@
 # - tell apart three numbers: the file on disk, the model in memory, the bytes read per token;
 # - run the same model in six weight formats, from float32 down to the file's own 4 bits, and put their
 #   speed on a roofline measured on this machine;
-# - measure quality against float32: top-token agreement, KL divergence, perplexity, and the answer itself.
+# - read the model file's raw bytes and check that every 4-bit weight the course runs is the file's own;
+# - measure quality on real text (perplexity), and separately the distance to the file's model, and find
+#   which parts of the model break first when rounded further than the file did.
 
 # %% [markdown]
 # ## Set-up
@@ -22,7 +24,7 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import formats, plots_perf
+from course_lib import formats, plots_perf, plots_roofline
 from course_lib.context import chat_ids, story_ids
 from course_lib.measure.race import our_step_seconds, generate_exact
 from course_lib.measure.memory import kernel_bandwidth, read_bandwidth
@@ -59,21 +61,44 @@ for name, m in models.items():
 #
 # ## 2. The 4-bit weights are the file's own blocks
 #
-# The file's layers are Q4_1: blocks of 32 weights, each with a scale and a minimum, the weight being
-# `q * scale + minimum` with `q` in 0..15. Quantizing our float32 weights again by that rule (minimum and
-# maximum of each block, 16 levels) gives those very blocks back. One block of layer 0's `down` matrix:
+# The file stores each layer matrix as Q4_1: blocks of 32 weights, each block 20 bytes: a float16 scale, a
+# float16 minimum, then 16 bytes holding two 4-bit numbers `q` (0..15) each, the weight being
+# `q * scale + minimum`. The embedding (which is also the output head) is Q8_0: blocks of 32 signed bytes with
+# one float16 scale. Here is the first block of layer 0's `down` matrix, byte by byte, read from the file:
 
 # %%
-w = ours.layers[0].down.weight  # (576, 1536)
-q, scale, low = formats.quantize_int4(w)
-print("first block's q:", q[0, :32].tolist())
-print(f"scale {float(scale[0, 0]):.6f}, minimum {float(low[0, 0]):.6f}")
-print("largest difference, dequantized vs the course's float32 weights:",
-      float((formats.dequantize_int4(q, scale, low) - w).abs().max()))
+from course_lib.measure import gguf_file
+
+raw = gguf_file.raw_block("blk.0.ffn_down.weight", row=0, block=0)
+print(f"{raw['type']} block, {len(raw['bytes'])} bytes:", raw["bytes"].hex(" "))
+print(f"bytes 0-1 (float16 scale):   {raw['scale']:.6f}")
+print(f"bytes 2-3 (float16 minimum): {raw['minimum']:.6f}")
+print("bytes 4-19, low nibbles then high nibbles, q =", raw["q"])
+w = ours.layers[0].down.weight  # (576, 1536): the course's float32 weights
+print("q * scale + minimum, first 4:", [round(x, 6) for x in raw["weights"][:4]])
+print("the course's float32 weights: ", [round(float(x), 6) for x in w[0, :4]])
 
 # %% [markdown]
-# Zero, up to float rounding: the course's "float32 model" has always been the 4-bit model, written
-# out in 32 bits. (A test reads the raw blocks from the GGUF file and checks that they are equal.)
+# The course's "float32 model" is these numbers written out in 32 bits. Quantizing a float32 block again by
+# the file's rule (its minimum and maximum, 16 levels between) gives the same `q`, scale and minimum back.
+# The next cell checks that for every 4-bit tensor in the file, and the 8-bit embedding's values too
+# (the query and key matrices are stored with their rows reordered by llama.cpp's converter; the check
+# applies the same order):
+
+# %%
+report = gguf_file.check_against_file(model)
+q41 = [r for r in report if r["type"] == "Q4_1"]
+print(f"{len(q41)} Q4_1 tensors: {sum(r['same_blocks'] for r in q41)} give back the file's blocks exactly, "
+      f"{sum(r['q_mismatches'] for r in q41)} 4-bit numbers differ in all")
+print(f"largest |file value - course weight| over {len(report)} tensors "
+      f"(the Q8_0 embedding included): {max(r['max_diff'] for r in report)}")
+q, scale, low = formats.quantize_int4(w)
+print("layer 0's down, requantized, first block's q:", q[0, :32].tolist())
+
+# %% [markdown]
+# So the 4-bit formats of this lesson lose nothing against the course's float32 weights (only the float
+# rounding of the activations differs), and float32 is not a higher-precision original: no such copy of
+# SmolLM2 is installed here. That changes how quality has to be measured (section 5).
 #
 # ## 3. A trap first: int8 that is slower than float32
 #
@@ -129,9 +154,32 @@ for name in ["float32", "bfloat16", "int8", "int4"]:
 #
 # ## 5. What the answer loses
 #
-# Speed is only half of it. We run every format on the same token sequences as float32 (teacher forcing:
-# each reads float32's greedy answers to the running examples) and count how often its top token agrees,
-# and the KL divergence of its next-token distribution from float32's.
+# Two different questions, with two different measurements.
+#
+# **How good is each format's model?** Perplexity on real text (lower is better): the first 512 tokens of
+# *Pride and Prejudice*, which the course ships (`data/long/`). It needs no reference model.
+
+# %%
+from course_lib.long_context import long_text_ids
+
+text_ids = long_text_ids(tokenizer, 512)
+ppl = {}
+for n in ["float32", "bfloat16", "int8", "int4"]:
+    ppl[n] = perplexity(models[n], text_ids)
+    print(f"{n:<9} perplexity {ppl[n]:6.3f} on {len(text_ids)} tokens   ({ppl[n] / ppl['float32'] - 1:+.2%} against float32)")
+
+# %% [markdown]
+# A fraction of a percent on 512 tokens is not a ranking: rounding the activations differently moves the
+# perplexity a little either way (a format can even come out below float32, as the lines above may show).
+# A format that damaged the model would move it by whole percents, as the last part of this section shows.
+#
+# **How far is each format from the file's model?** Teacher forcing on the running examples: every format
+# reads float32's greedy answers, and we count how often its top token agrees with float32's and the KL
+# divergence of its next-token distribution from float32's. Since float32 *is* the file's 4-bit model,
+# this measures distance to the file, not loss of quality: `int4` reproduces the file's blocks and lands
+# near zero by construction, while `int8` rounds the file's 4-bit values again onto a coarser grid of its
+# own (one scale per row) and moves away. On a model whose original weights we had, int8's step (a 255th of each row's range)
+# would usually make it the closer of the two; here this table cannot say so, and must not be read that way.
 
 # %%
 questions = ["What is the capital of France?", "What is the capital gains tax in France?",
@@ -140,30 +188,55 @@ prompts = [chat_ids(tokenizer, q, system="You are a helpful assistant.") for q i
 sequences = [p + generate_exact(ours, tokenizer, p, 24) for p in prompts]
 quality = {n: agreement(ours, models[n], sequences, [len(p) - 1 for p in prompts]) for n in names}
 for n, qd in quality.items():
-    print(f"{n:<13} top-1 agreement {qd['top1_agreement']:.3f}   KL {qd['kl']:.5f} nats   ({qd['positions']} positions)")
+    print(f"distance to the file's model, {n:<13} top-1 agreement {qd['top1_agreement']:.3f}   "
+          f"KL {qd['kl']:.5f} nats   ({qd['positions']} positions)")
+for n in ["float32", "int8", "int4"]:
+    print(f"{n:<8} answers {generate(models[n], tokenizer, prompts[0], 16).text!r}")
 
 # %% [markdown]
-# Why does `int4` keep its head in 8 bits, as the file does? Put the head in 4 bits too and measure:
+# **What breaks first?** The file already rounded the layers to 4 bits; we can round further and watch the
+# perplexity: symmetric 4-bit (one scale, no minimum), 4 bits in groups of 64, 3 bits and 2 bits, each
+# applied either to every layer matrix or to the output head alone (the embedding lookup keeps the file's
+# values). The first row applies the file's own rule again: on the layers it must change nothing.
 
 # %%
-all4 = formats.convert(ours, "int4", head="int4")
-q4 = agreement(ours, all4, sequences, [len(p) - 1 for p in prompts])
-print(f"head in 4 bits: {all4.weight_bytes() / 1e6:.1f} MB per token, top-1 agreement {q4['top1_agreement']:.3f}, "
-      f"KL {q4['kl']:.4f} (int4 with an 8-bit head: {quality['int4']['top1_agreement']:.3f}, {quality['int4']['kl']:.4f})")
+from course_lib.measure.quality import SCHEMES, bits_per_weight, requantized
+
+print(f"{'scheme':<36} {'bits/weight':>11} {'layers':>10} {'head':>10}   (float32: {ppl['float32']:.3f})")
+rounded = {}
+for label, scheme in SCHEMES.items():
+    rounded[label] = {part: perplexity(requantized(ours, scheme, part), text_ids) for part in ["layers", "head"]}
+    print(f"{label:<36} {bits_per_weight(*scheme):>11.2f} {rounded[label]['layers']:>10.2f} {rounded[label]['head']:>10.2f}")
 
 # %% [markdown]
-# The head turns the last hidden state into 49,152 scores, and the top token is decided by small
-# differences between them: coarse weights there cost more agreement than anywhere else.
+# Read the table row by row. The first row must repeat float32's perplexity in the layer column (the file's
+# rule on the file's values); its head column is what a 4-bit head would cost, since the file keeps the
+# head in 8 bits. Symmetric 4-bit and groups of 64 store the same 4.5 bits per weight in different ways:
+# compare them. Then 3 and 2 bits. Perplexity is computed, not timed: your run gives the same figures as
+# any other run of this torch version, up to float rounding. The head column rounds one matrix (28 million weights) where the layer column rounds 210 of them (106
+# million). So which single part is the most fragile? Round one layer at a time to 2 bits, on the first 256
+# tokens, and put the head beside them:
+
+# %%
+short = text_ids[:256]
+two_bits = SCHEMES["2-bit min/max, 32"]
+base_short = perplexity(ours, short)
+per_layer = [perplexity(requantized(ours, two_bits, i), short) for i in range(len(ours.layers))]
+head_short = perplexity(requantized(ours, two_bits, "head"), short)
+worst = sorted(range(len(per_layer)), key=per_layer.__getitem__, reverse=True)[:3]
+print(f"float32 {base_short:.2f}; head alone in 2 bits {head_short:.2f}; "
+      + "; ".join(f"layer {i} alone {per_layer[i]:.2f}" for i in worst) + f"; median layer {sorted(per_layer)[15]:.2f}")
+print("most fragile single part in this run:", "the head" if head_short > max(per_layer) else f"layer {worst[0]}")
+plots_roofline.plot_layer_sensitivity(per_layer, base_short, head_short, "2-bit min/max, groups of 32")
+plt.show()
+
+# %% [markdown]
+# The layers are not equal: most barely notice 2 bits alone, while one or two stand out (their
+# position printed above). A quantizer that spends more bits on the fragile parts (llama.cpp's mixed
+# "K-quant" files keep some tensors in more bits; the file here keeps the head in 8) gets more quality per
+# byte than one rule for every matrix. That is why the `int4` format keeps an 8-bit head: the head column
+# above is what 4 bits would cost, and section 7 prints what it would gain in speed.
 #
-# Perplexity on a held text (lower is better), and the running question in every format:
-
-# %%
-text_ids = tokenizer(open("../data/texts/english_prose.txt").read(), add_special_tokens=False)["input_ids"][:256]
-for n in ["float32", "bfloat16", "int8", "int4"]:
-    answer = generate(models[n], tokenizer, prompts[0], 16).text
-    print(f"{n:<9} perplexity {perplexity(models[n], text_ids):6.2f}   {answer!r}")
-
-# %% [markdown]
 # ## 6. Prefill is a different story
 #
 # Prefill multiplies many tokens by each weight matrix at once: it is bound by arithmetic, not by reading.
@@ -232,8 +305,8 @@ else:
 # weights are the file's own values, so float32 is the file's answer computed without rounding of the
 # activations. The lines before the build say why the int4 format keeps an int8 output head: the head is a
 # fifth of the weights, and the same int4 layers were timed with the head in bfloat16, int8 and 4 bits;
-# compare what the 4-bit head gains in tokens per second with what it costs in perplexity (section 5 showed
-# the head is the most sensitive matrix). Two cautions the record itself carries: llama.cpp was built
+# compare what the 4-bit head gains in tokens per second with what it costs in perplexity (section 5's head
+# column). Two cautions the record itself carries: llama.cpp was built
 # without its AMX kernel (the default build crashed in it on that machine), and one sitting on a 2-core
 # machine is one sample: a gap of a few percent can reverse in the next.
 #
@@ -243,12 +316,14 @@ else:
 #   decode speed follows the third.
 # - Fewer bytes per weight make decode faster only through a kernel that reads those bytes directly:
 #   casting int8 back to float first is slower than float32.
-# - The course's weights are the file's own 4-bit blocks, so the 4-bit formats cost only rounding; with
-#   bfloat16 activations they are the fastest here, and their top token mostly agrees with float32's
-#   (the table above gives the figure measured in this run).
+# - The course's float32 weights are the file's own 4-bit blocks, checked tensor by tensor against the file:
+#   the 4-bit formats reproduce the file's model, so agreement with float32 measures distance to the file,
+#   not quality. Quality is measured on text: perplexity on a page of a novel (section 5 printed each format's).
 # - Prefill is bound by arithmetic: weight-only formats do not speed it up; bfloat16 arithmetic can, on a CPU
 #   that has instructions for it (section 6 printed whether this one does, and what it measured).
-# - The output head is the most sensitive matrix: in 4 bits it costs far more agreement than the layers.
+# - Rounding further than the file did shows which parts are fragile: 2 bits on every layer breaks the model,
+#   one layer at a time mostly does not, and a few layers and the head cost far more than the rest (the lines
+#   printed in section 5 name them for this run).
 # - Against llama.cpp on the same file (section 7), the committed record gives the ratio of the course's
 #   fastest decode and prefill to llama.cpp's at 1 and 2 threads, with perplexity beside them: a ratio from one
 #   sitting on one machine, with how llama.cpp was built.
