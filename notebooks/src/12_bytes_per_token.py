@@ -177,9 +177,10 @@ for n in ["float32", "bfloat16", "int8", "int4"]:
 # reads float32's greedy answers, and we count how often its top token agrees with float32's and the KL
 # divergence of its next-token distribution from float32's. Since float32 *is* the file's 4-bit model,
 # this measures distance to the file, not loss of quality: `int4` reproduces the file's blocks and lands
-# near zero by construction, while `int8` rounds the file's 4-bit values again onto a coarser grid of its
-# own (one scale per row) and moves away. On a model whose original weights we had, int8's step (a 255th of each row's range)
-# would usually make it the closer of the two; here this table cannot say so, and must not be read that way.
+# near zero by construction, while `int8` rounds the file's 4-bit values again onto a grid of its own
+# (one scale per row: finer steps than the file's, but not aligned with them) and moves away. On a model whose
+# original weights we had, int8's finer step would usually make it the closer of the two; here this table
+# cannot say so, and must not be read that way.
 
 # %%
 questions = ["What is the capital of France?", "What is the capital gains tax in France?",
