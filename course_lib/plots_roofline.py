@@ -27,3 +27,35 @@ def plot_layer_sensitivity(per_layer: list[float], base: float, head: float, sch
     ax.set_title(f"{title}: {scheme}")
     ax.legend(fontsize=8)
     return ax
+
+
+def plot_roofline(labels: list[str], intensities: list[float], flops_per_s: list[float], peak_flops: float,
+                  bytes_per_s: float, ax=None, title: str = "Measured steps under this machine's two ceilings",
+                  other_peaks: dict[str, float] | None = None):
+    """Log-log: attainable FLOP/s = min(peak, intensity x bandwidth), the ridge point marked, one point per
+    measured step (coloured by their label's first word). other_peaks: more compute roofs (name -> FLOP/s),
+    dashed, for example another dtype's matrix product."""
+    ax = axes_or_new(ax, (7.5, 4.5))
+    ridge = peak_flops / bytes_per_s
+    top = max([peak_flops, *(other_peaks or {}).values()])
+    lo, hi = min(min(intensities) / 3, ridge / 10), max(max(intensities) * 3, top / bytes_per_s * 3)
+    xs = np.geomspace(lo, hi, 200)
+    ax.plot(xs, np.minimum(peak_flops, xs * bytes_per_s) / 1e9, color=PALETTE[7],
+            label=f"roof: {bytes_per_s / 1e9:.1f} GB/s read, {peak_flops / 1e9:.0f} GFLOP/s product (measured)")
+    for i, (name, other) in enumerate((other_peaks or {}).items()):
+        ax.plot(xs, np.minimum(other, xs * bytes_per_s) / 1e9, "--", color=PALETTE[(5 + i) % len(PALETTE)],
+                label=f"{name}: {other / 1e9:.0f} GFLOP/s (measured)")
+    ax.axvline(ridge, color=PALETTE[7], linestyle=":", linewidth=1)
+    ax.annotate(f"ridge {ridge:.1f} FLOP/byte", (ridge, peak_flops / 1e9), textcoords="offset points",
+                xytext=(4, -14), fontsize=8)
+    kinds = sorted({label.split()[0] for label in labels})
+    for label, x, y in zip(labels, intensities, flops_per_s):
+        ax.scatter([x], [y / 1e9], color=PALETTE[kinds.index(label.split()[0]) % len(PALETTE)], zorder=3)
+        ax.annotate(label, (x, y / 1e9), textcoords="offset points", xytext=(4, 3), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("GFLOP/s")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.set_title(title)
+    return ax

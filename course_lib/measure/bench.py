@@ -56,9 +56,10 @@ def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> lis
     return out
 
 
-def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int = 1024, repeats: int = 3) -> float:
+def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int | None = None, repeats: int = 3) -> float:
     """Bytes per second this machine streams from memory, measured the way decode reads weights: a sum over a
-    buffer far larger than the caches (measure.memory.read_bandwidth; lessons 08 and 12 use the same ceiling)."""
+    buffer far larger than the caches (measure.memory.read_bandwidth, sized by roofline.probe_bytes; lessons 08 and
+    12 use the same ceiling)."""
     from .memory import read_bandwidth
     return read_bandwidth(megabytes, repeats, device)
 
@@ -95,11 +96,15 @@ def _load_section(model, tokenizer, quick):
 def _decode_section(model, tokenizer, quick):
     contexts = [16, 256] if quick else [16, 256, 1024, 4096]
     step = decode_seconds(model, tokenizer, contexts)
-    bandwidth = memory_bandwidth(model.device, 128 if quick else 1024)
+    bandwidth = memory_bandwidth(model.device, 128 if quick else None)
     achieved = weight_bytes(model) / step[0]
+    from .roofline import compute_ceiling, probe_bytes
+    peak = compute_ceiling(model.dtype, 512 if quick else 2048, device=model.device)
     return {"decode": [{"context": c, "seconds_per_token": s} for c, s in zip(contexts, step)],
             "bandwidth": {"weight_bytes": weight_bytes(model), "measured_read_bytes_per_s": bandwidth,
-                          "decode_achieved_bytes_per_s": achieved, "utilisation": achieved / bandwidth}}
+                          "probe_bytes": 128 * 2**20 if quick else probe_bytes(),
+                          "decode_achieved_bytes_per_s": achieved, "utilisation": achieved / bandwidth,
+                          "matmul_flops_per_s": peak, "ridge_flops_per_byte": peak / bandwidth}}
 
 
 def _prefill_section(model, tokenizer, quick):
@@ -310,7 +315,9 @@ def format_report(result: dict) -> str:
                                              for d in result["decode"]))
         bw = result["bandwidth"]
         lines.append(f"bandwidth: streaming read {bw['measured_read_bytes_per_s'] / 1e9:.1f} GB/s, decode reads weights at "
-                     f"{bw['decode_achieved_bytes_per_s'] / 1e9:.1f} GB/s -> utilisation {bw['utilisation']:.0%}")
+                     f"{bw['decode_achieved_bytes_per_s'] / 1e9:.1f} GB/s -> utilisation {bw['utilisation']:.0%}"
+                     + (f"; matrix product {bw['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s, ridge {bw['ridge_flops_per_byte']:.1f} "
+                        "FLOP/byte" if "matmul_flops_per_s" in bw else ""))
     if "engine" in result:
         e = result["engine"]
         lines.append(f"engine: ours {e['tokens_per_s']:.1f} tok/s vs model.generate {e['generate_tokens_per_s']:.1f} "

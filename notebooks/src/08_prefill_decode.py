@@ -7,7 +7,9 @@
 #
 # **You will**
 # - measure time to first token against prompt length, and decode time against context length;
-# - compute the memory bandwidth decode achieves and compare it with this machine's own;
+# - measure this machine's two ceilings (how fast it reads memory, how fast it multiplies) and place every
+#   prefill and decode you timed under them: a roofline;
+# - find out what makes decode slower as the context grows, and whether it is the bytes;
 # - put your numbers beside committed benchmark runs from other machines.
 
 # %% [markdown]
@@ -24,6 +26,9 @@ from course_lib.kv_cache import model_kv_bytes_per_token
 from course_lib.context import filler_ids
 from course_lib.anatomy import flops_per_token
 from course_lib.runtime import describe_device
+import torch
+from course_lib import plots_roofline
+from course_lib.measure.roofline import compute_ceiling, place, probe_bytes, step_work
 
 model, tokenizer = course_lib.load_model()
 cfg = model.config
@@ -57,7 +62,7 @@ plt.show()
 # Now the other stage: one new token, with a cache already holding `context` tokens.
 
 # %%
-contexts = [16, 256, 1024, 2048]
+contexts = [16, 256, 1024, 2048, 4096]
 decode_s = decode_seconds(model, tokenizer, contexts)
 for c, s in zip(contexts, decode_s):
     print(f"context {c:>5}: {s * 1000:6.1f} ms per token -> {1 / s:5.1f} tokens/s")
@@ -65,76 +70,108 @@ print(f"prefill at {lengths[-1]} tokens is {lengths[-1] / prefill_s[-1] / (1 / d
       f"than decode")
 
 # %% [markdown]
-# ## 3. Why decode is bound by memory
+# ## 3. Two ceilings, and where each step sits
 #
-# Every decode step must read **every weight** once, to produce a single token. If reading were the
-# only cost, a step would take (weight bytes) / (memory bandwidth). We compute the bandwidth each
-# step achieves, and measure this machine's read bandwidth in the same run the way decode reads: a sum
-# over a 1 GB buffer, far larger than the caches, reads each byte once (lesson 12 uses the same ceiling):
+# A step can be held back by two things: how fast the machine moves bytes from memory, and how fast it does
+# arithmetic. We measure both in this run, with the threads torch uses now:
+# - **reading**: a sum over a buffer far larger than the caches (1 GiB, or four times the largest cache the
+#   CPU reports), so every byte comes from memory, as a decode step's weights do;
+# - **arithmetic**: one large matrix product (2,048 x 2,048 by 2,048 x 2,048, in the model's dtype), about
+#   the best case for the library's kernels.
 
 # %%
 wb = weight_bytes(model)
-achieved = wb / decode_s[0]
 read_bw = memory_bandwidth(model.device)
-print(f"weights: {wb / 1e6:.0f} MB read per decode step")
-print(f"decode achieves {achieved / 1e9:.1f} GB/s; streaming reads on this machine reach {read_bw / 1e9:.1f} GB/s "
-      f"-> utilisation {achieved / read_bw:.0%}")
+peak = compute_ceiling(model.dtype, device=model.device)
+print(f"threads {torch.get_num_threads()} | probe {probe_bytes() / 2**20:,.0f} MiB | reading {read_bw / 1e9:.1f} GB/s "
+      f"| matrix product {peak / 1e9:.0f} GFLOP/s ({str(model.dtype).split('.')[-1]})")
+print(f"ridge point: {peak / read_bw:.1f} FLOP per byte; a step doing fewer operations per byte it moves waits for memory")
+print(f"weights: {wb / 1e6:.0f} MB read per step; decode at context {contexts[0]} reads them at "
+      f"{wb / decode_s[0] / 1e9:.1f} GB/s ({wb / decode_s[0] / read_bw:.0%} of the reading ceiling)")
 
 # %% [markdown]
-# And the arithmetic? About 2 operations per weight per token:
+# Each step's **arithmetic intensity** is its operations divided by the bytes it moves. Operations: about 2 per
+# weight per token (a multiply and an add), plus attention's own products over every cached key (4 x layers x
+# heads x head size per token and key). Bytes: every weight once, plus the KV cache read at that context and the
+# new tokens' keys and values written (activations left out: small here). Decode uses each weight for one
+# token, prefill for every prompt token at once:
 
 # %%
-flops = flops_per_token(sum(p.numel() for p in model.parameters()), cfg.vocab_size * cfg.hidden_size)
-print(f"decode: {flops / decode_s[0] / 1e9:.1f} GFLOP/s | prefill at {lengths[-1]} tokens: "
-      f"{flops * lengths[-1] / prefill_s[-1] / 1e9:.1f} GFLOP/s")
-
-# %% [markdown]
-# The same machine does many times more arithmetic per second in prefill than in decode. Decode is
-# starved: it waits for weights to arrive, and uses each one for a single multiply-add. On a CPU with
-# a small model, part of each step is also fixed overhead (Python, thirty layers of small operations),
-# so the utilisation printed above stays below 100%.
-#
-# ## 4. Long context: when the cache outweighs the weights
-#
-# Each decode step also reads the whole KV cache. At some context length the cache read becomes as
-# large as the weight read:
-
-# %%
+per_token = flops_per_token(sum(p.numel() for p in model.parameters()), cfg.vocab_size * cfg.hidden_size)
 kv_per_token = model_kv_bytes_per_token(cfg, model.dtype)
+steps = [(f"prefill {n}", step_work(cfg, per_token, wb, kv_per_token, n, 0), s) for n, s in zip(lengths, prefill_s)]
+steps += [(f"decode @{c}", step_work(cfg, per_token, wb, kv_per_token, 1, c), s) for c, s in zip(contexts, decode_s)]
+placed = [(label, place(work, s, peak, read_bw)) for label, work, s in steps]
+print(f"{'step':<13}{'FLOP/byte':>10}{'GFLOP/s':>10}{'roof':>9}{'of roof':>9}  bound by")
+for label, pt in placed:
+    print(f"{label:<13}{pt['intensity']:>10.2f}{pt['flops_per_s'] / 1e9:>10.1f}{pt['roof'] / 1e9:>9.1f}"
+          f"{pt['of_roof']:>9.0%}  {pt['bound']}")
+plots_roofline.plot_roofline([lbl for lbl, _ in placed], [pt["intensity"] for _, pt in placed],
+                             [pt["flops_per_s"] for _, pt in placed], peak, read_bw)
+plt.show()
+
+# %% [markdown]
+# Read the table against the picture. Every decode point sits far left of the ridge: about half an operation
+# per byte in float32, so the roof there is the reading line, and the column "of roof" says how much of the
+# memory's speed decode actually used. Prefill points move right as the prompt grows: each weight fetched once
+# now serves every prompt token. Once a prefill point is right of the ridge, memory no longer limits it and its
+# roof is the matrix product's rate. Points well under their roof are held back by something else:
+# kernels slower than the best case on these shapes, and the fixed cost of thirty layers of small operations
+# launched from Python (lesson 11 measures it).
+#
+# ## 4. Long context: is it the bytes?
+#
+# Each decode step also reads the whole KV cache, so a step should cost a little more per cached token: the
+# cache's bytes per token divided by the reading rate. Compare that with the slope of your measurements:
+
+# %%
+import numpy as np
+
+slope = float(np.polyfit(contexts, decode_s, 1)[0])  # seconds per cached token
+bytes_slope = kv_per_token / read_bw
 crossover = int(wb // kv_per_token)
 print(f"KV cache: {kv_per_token:,.0f} bytes per token -> equals the weights at {crossover:,} tokens "
       f"(this model's window: {cfg.max_position_embeddings:,})")
+print(f"measured: +{slope * 1e6:.2f} us per cached token; reading those bytes at {read_bw / 1e9:.1f} GB/s: "
+      f"+{bytes_slope * 1e6:.2f} us -> the measured slope is {slope / bytes_slope:.1f}x the bytes model")
 ax = plots.plot_xy(contexts, [s * 1000 for s in decode_s], "tokens in the cache", "ms per decode step", fit_line=True,
                    title="Decode: time per token against tokens in the cache")
 plt.show()
 
 # %% [markdown]
-# Decode time creeps up with context (the fitted slope is the cost per cached token). For this small
-# model the weights dominate across its whole window; for large models serving long contexts to many
-# users, the cache reads (and the memory to hold them) become the main cost, as lesson 07's what-if
-# table suggests.
+# If the last line printed a ratio well above 1, the cache's bytes do not explain the slope. The cause is the
+# library's cache itself: transformers' `DynamicCache` grows by concatenation (`torch.cat`), so every decode
+# step allocates new key and value tensors for all thirty layers and copies the whole cache into them: the
+# cache is read and written again at every token, beside the reading attention needs. Lesson 11 writes a cache
+# that is allocated once and filled in place, and measures the difference (its bench: `engine.long_context_ratio`).
+# A few thousand tokens with eight steps each also leave room for noise: look at how far the points lie from the line.
 #
 # ## 5. Your machine beside others
 #
-# `python -m course_lib bench` runs these measurements and more, and writes a JSON file. Runs that the
-# course committed (on other machines, each stamped with where and when) are in `data/benchmarks/`:
+# `python -m course_lib bench` runs these measurements and more, and writes a JSON file. The runs the course
+# committed are in `data/benchmarks/`, each stamped with its machine, thread count and date; the table lists
+# those that measured the reading ceiling as section 3 does (older runs used another probe, and their
+# percentages are not comparable). So far they come from the course's own development machines, not from a
+# range of learners' computers: add yours.
 
 # %%
 runs = [json.loads(p.read_text()) for p in sorted(Path("../data/benchmarks").glob("bench-*.json"))]
-runs = [r for r in runs if {"prefill", "decode", "bandwidth"} <= set(r)]  # the runs that measured these sections
-print(f"{'machine':<34}{'dtype':<10}{'decode ms/tok':>14}{'prefill tok/s (max)':>21}{'bandwidth used':>16}")
+# note: only runs whose reading ceiling was measured as here (a probe beyond the caches, beside a matrix product)
+runs = [r for r in runs if {"prefill", "decode", "bandwidth"} <= set(r) and "matmul_flops_per_s" in r["bandwidth"]]
+print(f"{'machine':<34}{'dtype':<10}{'threads':>8}{'decode ms/tok':>14}{'prefill tok/s (max)':>21}{'of reading ceiling':>20}")
 for r in runs:
-    print(f"{r['machine']['name'][:33]:<34}{r['dtype']:<10}{r['decode'][0]['seconds_per_token'] * 1000:>14.1f}"
-          f"{max(p['tokens_per_s'] for p in r['prefill']):>21.0f}{r['bandwidth']['utilisation']:>16.0%}")
-print(f"{'this notebook, now':<34}{str(model.dtype).split('.')[-1]:<10}{decode_s[0] * 1000:>14.1f}"
-      f"{max(n / s for n, s in zip(lengths, prefill_s)):>21.0f}{achieved / read_bw:>16.0%}")
+    print(f"{r['machine']['name'][:33]:<34}{r['dtype']:<10}{r.get('threads', '?'):>8}{r['decode'][0]['seconds_per_token'] * 1000:>14.1f}"
+          f"{max(p['tokens_per_s'] for p in r['prefill']):>21.0f}{r['bandwidth']['utilisation']:>20.0%}")
+print(f"{'this notebook, now':<34}{str(model.dtype).split('.')[-1]:<10}{torch.get_num_threads():>8}{decode_s[0] * 1000:>14.1f}"
+      f"{max(n / s for n, s in zip(lengths, prefill_s)):>21.0f}{wb / decode_s[0] / read_bw:>20.0%}")
 print("GPU runs committed:", sum(r["machine"]["device"].startswith("cuda") for r in runs))
 
 # %% [markdown]
-# **On a big GPU** (when a GPU run is committed above, compare it): a 135M model's weights are read in
-# microseconds by a GPU with terabytes per second of bandwidth, so at batch size 1 the decode step is
-# limited by something else: launching its many small operators, one after another, from Python. How
-# many? The profiler counts the operators one decode step runs, here:
+# **On a big GPU** (no GPU run is committed yet: the count above says so; this paragraph is arithmetic,
+# not a measurement): a GPU reading a few terabytes per second would read this model's 538 MB of float32
+# weights in a fraction of a millisecond, so at batch size 1 something else should set the step's time:
+# launching its many small operators, one after another, from Python. How many? The profiler counts the
+# operators one decode step runs, here:
 
 # %%
 from course_lib.measure.race import decode_profile
@@ -142,8 +179,9 @@ profile = decode_profile(model, filler_ids(tokenizer, 64), steps=2)
 print(f"one decode step runs {profile['aten_calls_per_step']:.0f} torch operator calls (nested ones included)")
 
 # %% [markdown]
-# On a GPU most of them launch a kernel of a few microseconds; the GPU sits mostly idle between them. Two remedies exist: batching many requests into each step
-# (lesson 09), and capturing the whole step once as a CUDA graph with a static cache (`torch.compile`
+# On a GPU most of them launch a kernel, and each launch costs microseconds of CPU time whatever the kernel
+# does; thousands of them add up to milliseconds, far more than the weights' read. Two remedies exist: batching
+# many requests into each step (lesson 09), and capturing the whole step once as a CUDA graph with a static cache (`torch.compile`
 # with "reduce-overhead"), which removes the per-kernel launch cost. The course has not yet measured
 # the second on a GPU; the committed files say what was measured.
 
@@ -152,10 +190,15 @@ print(f"one decode step runs {profile['aten_calls_per_step']:.0f} torch operator
 # ## Summary
 #
 # - Prefill processes the whole prompt in one pass; its tokens per second grow with prompt length.
-# - Decode produces one token per pass and must read every weight each time: it is bound by memory.
-# - Achieved bandwidth = weight bytes / time per token; compare it with what the machine can move.
-# - Decode slows as the cache grows; for long contexts and big models the cache becomes the main cost.
-# - At batch 1 on a big GPU, a small model is limited by kernel launches, not by bandwidth.
+# - Decode produces one token per pass and must read every weight each time: about half an operation per byte
+#   in float32, far left of this machine's ridge point, so memory is its ceiling (section 3 printed how much of
+#   it decode used).
+# - Prefill's intensity grows with the prompt: past the ridge point its ceiling is arithmetic, not memory.
+# - Both ceilings are measured in the same run: a sum over a buffer larger than the caches, and a large matrix product.
+# - Decode slows as the cache grows; with the library's concatenating cache the slope is more than the cache's
+#   bytes explain (section 4 printed by how much), because each step copies the whole cache.
+# - At batch 1 on a big GPU, a small model's step should be set by its thousands of kernel launches rather than
+#   by its bytes: arithmetic from the operator count above, not yet measured on a GPU by the course.
 
 # %% [markdown]
 # ---

@@ -118,15 +118,15 @@ for name in ["float32", "int8-cast", "int8"]:
 # %% [markdown]
 # ## 4. Every format on a roofline
 #
-# The ceiling is this machine's streaming read rate, measured the way decode reads: a sum over a 1 GB
-# buffer (far larger than the caches). If reading were the only cost, a format's step would take its bytes
-# divided by that rate: the dashed line.
+# The ceiling is this machine's streaming read rate, measured the way decode reads: a sum over a buffer far
+# larger than the caches (1 GiB, or four times the largest cache the CPU reports). If reading were the only
+# cost, a format's step would take its bytes divided by that rate: the dashed line.
 
 # %%
 for name in ["bfloat16", "int4-float32", "int4"]:
     our_step_seconds(models[name], tokenizer, prompt, 2)
     step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
-read_bw = read_bandwidth(1024)
+read_bw = read_bandwidth()
 names = list(models)
 print(f"streaming read: {read_bw / 1e9:.1f} GB/s")
 for name in names:
@@ -138,7 +138,8 @@ plt.show()
 
 # %% [markdown]
 # Points near the line are bound by memory; points far above it are bound by something else: the
-# kernel itself. Each kernel has its own rate on this model's shapes (matrices cycled beyond the caches):
+# kernel itself. Each kernel has its own rate on this model's shapes: 256 MB of copies of the four shapes,
+# called in turn after the caches were flushed, as a decode step calls its layers:
 
 # %%
 shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # q|k|v, o, gate|up, down
@@ -258,6 +259,42 @@ for n in ["float32", "bfloat16", "int8", "int4"]:
 fastest = min(prefill_ms, key=prefill_ms.get)
 print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32'] / prefill_ms['bfloat16']:.2f}x float32's "
       f"speed, int4 at {prefill_ms['float32'] / prefill_ms['int4']:.2f}x")
+
+# %% [markdown]
+# Why? Put both stages on a roofline with its two ceilings measured now: the reading rate of section 4 and a
+# large matrix product's rate in float32 and in bfloat16. Each step's operations are about 2 per weight per
+# token plus attention's own; its bytes are the weights in its format plus the KV cache at that context.
+
+# %%
+from course_lib.anatomy import flops_per_token
+from course_lib.kv_cache import model_kv_bytes_per_token
+from course_lib.measure.roofline import compute_ceiling, place, step_work
+
+peaks = {n: compute_ceiling(d) for n, d in [("float32", torch.float32), ("bfloat16", torch.bfloat16)]}
+per_token = flops_per_token(sum(p.numel() for p in model.parameters()), model.config.vocab_size * model.config.hidden_size)
+points = []
+for n in ["float32", "bfloat16", "int8", "int4"]:
+    kv = model_kv_bytes_per_token(model.config, models[n].dtype)
+    decode_work = step_work(model.config, per_token, models[n].weight_bytes(), kv, 1, len(prompt))
+    prefill_work = step_work(model.config, per_token, models[n].weight_bytes(), kv, len(long_prompt), 0)
+    points += [(f"decode {n}", place(decode_work, step_ms[n] / 1000, peaks["float32"], read_bw)),
+               (f"prefill {n}", place(prefill_work, prefill_ms[n] / 1000, peaks["float32"], read_bw))]
+print(f"threads {torch.get_num_threads()} | reading {read_bw / 1e9:.1f} GB/s | matrix product float32 "
+      f"{peaks['float32'] / 1e9:.0f} GFLOP/s, bfloat16 {peaks['bfloat16'] / 1e9:.0f} GFLOP/s")
+for label, pt in points:
+    print(f"{label:<18} {pt['intensity']:7.1f} FLOP/byte  {pt['flops_per_s'] / 1e9:7.1f} GFLOP/s  "
+          f"(float32 ridge {pt['ridge']:.1f}: {pt['bound']} side)")
+plots_roofline.plot_roofline([lbl for lbl, _ in points], [pt["intensity"] for _, pt in points],
+                             [pt["flops_per_s"] for _, pt in points], peaks["float32"], read_bw,
+                             other_peaks={"bfloat16 product": peaks["bfloat16"]})
+plt.show()
+
+# %% [markdown]
+# Decode sits left of the ridge in every format: fewer bytes move its point right and up, which is why the
+# formats speed it up. Prefill of a hundred tokens sits right of it: its ceiling is arithmetic, and only a
+# faster product raises it. Where this CPU multiplies bfloat16 much faster than float32 (compare the two
+# printed rates), bfloat16 prefill can climb above float32's roof; the weight-only formats unpack their
+# weights back to floats first and stay well below it.
 
 # %% [markdown]
 # Read the verdict line. Where the CPU reports bfloat16 instructions, bfloat16 prefill is usually the
