@@ -96,13 +96,13 @@ def verify_pass(model, cache, last: int, draft: list[int]) -> torch.Tensor:
     return logits[0]
 
 
-def verify(model, cache, last: int, draft: list[int], pick: Pick = greedy) -> Verified:
+def verify(model, cache, last: int, draft: list[int], pick: Pick = greedy, draft_probs=None) -> Verified:
     """verify_pass, then the picker's rule (sampling.accept_draft: greedy's own choices, or speculative sampling
-    with a Sampler) accepts a prefix of the draft, and the cache is rolled back so it holds everything up to the
+    with a Sampler, reading the drafter's distributions draft_probs if it sampled) accepts a prefix of the draft, and the cache is rolled back so it holds everything up to the
     last accepted token (the model's own next token is fed at the next step). Works on either runner's cache
     (kv_cache.rollback). The loop does the same three things across one step (Alone.run, step, Alone.feed)."""
     start = length_of(cache)
-    accepted, bonus, prob = accept_draft(verify_pass(model, cache, last, draft), list(draft), pick)
+    accepted, bonus, prob = accept_draft(verify_pass(model, cache, last, draft), list(draft), pick, draft_probs)
     rollback(cache, start + 1 + len(accepted))  # keep `last` and the accepted draft
     return Verified(accepted, bonus, prob)
 
@@ -136,7 +136,8 @@ def step(scheduler) -> list[tuple[Job, int, float, bool]]:
             token, prob = pick(logits[0])
             picked = [(token, prob, False)]
         else:  # a verify pass: the accepted draft, then the model's own next token
-            accepted, token, prob = accept_draft(logits, draft, pick)
+            probs = getattr(job.draft, "probs", None)  # a drafter that sampled keeps its distributions (ModelDrafter)
+            accepted, token, prob = accept_draft(logits, draft, pick, None if probs is None else probs[:len(draft)])
             picked = [(t, 1.0, True) for t in accepted] + [(token, prob, False)]
         for token, prob, drafted in picked:
             emitted.append((job, token, prob, drafted))
@@ -183,7 +184,6 @@ class Alone:
     def feed(self, job: Job, tokens: list[int], accepted: int) -> None:
         """The job goes on: its last token is fed at the next step; a verify pass keeps only what was accepted."""
         if self.stats is not None and self.last is not None:
-            self.stats.accepted += accepted
             rollback(self.cache, self.start + 1 + accepted)  # keep the fed token and the accepted draft
         self.last = tokens[-1]
 
@@ -203,6 +203,8 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
     ids = check_request(model, prompt_ids, max_new_tokens)
     if draft is not None:
         check_draft(draft, k, pick)
+        if hasattr(draft, "follow"):
+            draft.follow(pick)  # a model drafter samples from its own distribution when the model samples
     window = model.config.max_position_embeddings
     stop_ids = end_of_turn_ids(model, tokenizer) if stop_ids is None else stop_ids
     stopper = Stopper(tokenizer, stop_ids, max_new_tokens, window - len(ids), stop_strings)
@@ -217,7 +219,8 @@ def generate_steps(model, tokenizer, prompt_ids, max_new_tokens: int = 64, *, pi
     while not job.finish_reason:
         for _, token, prob, drafted in step(scheduler):
             synchronize(device)
-            if drafted:
+            if drafted:  # note: counted here, as emitted, so the last verify (which may end the request) counts too
+                scheduler.stats.accepted += 1
                 scheduler.stats.accepted_at.append(len(result.token_ids))
             yield result.record(token, prob, tokenizer, time.perf_counter() - start)
     return result.finish(job.finish_reason, tokenizer, stopper.stop_strings)

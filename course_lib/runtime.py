@@ -159,6 +159,12 @@ class Timing:
     def mean(self) -> float:
         return sum(self.seconds) / len(self.seconds)
 
+    @property
+    def median(self) -> float:
+        """The middle repeat (the mean of the two middle ones for an even count): one slow repeat does not move it."""
+        s = sorted(self.seconds)
+        return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+
 
 def time_it(fn: Callable[[], object], device: torch.device | str = "cpu", *, label: str = "",
             repeats: int = 3, warmup: int = 1) -> Timing:

@@ -245,19 +245,26 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, drafted: int, generator
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
 
 
-def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler) -> tuple[list[int], int, float]:
-    """Speculative sampling over one verify pass. logits (k + 1, V): the model's at [last] + draft. For each
-    drafted token in order, `accept_or_resample` with the drafter's distribution one-hot on it (our drafters
-    propose deterministically): accepted with probability p(token), otherwise a token is drawn from p with the
-    drafted one removed, and the rest of the draft is dropped. If all are accepted, one more is drawn from the
-    last position. Returns (accepted, the model's own token, its probability); each output token is
-    distributed exactly as plain sampling would draw it. sampler: a Sampler (its filters, its seed)."""
+def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler,
+                    draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float]:
+    """Speculative sampling over one verify pass (Leviathan et al. 2023; Chen et al. 2023). logits (k + 1, V): the
+    model's at [last] + draft. For each drafted token in order, `accept_or_resample` with the drafter's
+    distribution q: draft_probs[i] (V,) for a drafter that sampled its token from q, or one-hot on the token for
+    a drafter that proposes deterministically (draft_probs None: accepted with probability p(token)). A rejected
+    token is replaced by a draw from max(0, p - q) and the rest of the draft is dropped. If all are accepted, one
+    more is drawn from the last position. Returns (accepted, the model's own token, its probability); each
+    output token is distributed exactly as plain sampling would draw it. sampler: a Sampler (filters, seed)."""
+    if draft_probs is not None and len(draft_probs) != len(draft):
+        raise ValueError(f"{len(draft_probs)} draft distributions for {len(draft)} drafted tokens")
     accepted = []
     for i, token in enumerate(draft):
         p = sampler.distribution(logits[i])  # (V,)
-        one_hot = torch.zeros_like(p)
-        one_hot[token] = 1.0
-        chosen = accept_or_resample(p, one_hot, token, sampler.rng(p.device)) if sampler.config.temperature else int(p.argmax())
+        if draft_probs is not None:
+            q = draft_probs[i].to(p.device, p.dtype)
+        else:
+            q = torch.zeros_like(p)
+            q[token] = 1.0
+        chosen = accept_or_resample(p, q, token, sampler.rng(p.device)) if sampler.config.temperature else int(p.argmax())
         sampler.accept(chosen)
         if chosen != token:
             return accepted, chosen, float(p[chosen])
@@ -268,13 +275,14 @@ def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler) ->
     return accepted, bonus, float(p[bonus])
 
 
-def accept_draft(logits: torch.Tensor, draft: list[int], pick=greedy) -> tuple[list[int], int, float]:
+def accept_draft(logits: torch.Tensor, draft: list[int], pick=greedy,
+                 draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float]:
     """The picker rule for a verify pass. logits (k + 1, V): the model's at [last] + draft. pick=greedy keeps the
     longest prefix of the draft that greedy agrees with, then greedy's own next token; a Sampler applies
-    `sample_verified`. Returns (accepted draft tokens, the model's own next token, its probability).
-    Example: greedy choices [7, 9, 4] at a draft [7, 8] -> ([7], 9, p)"""
+    `sample_verified` (draft_probs: the drafter's distributions, if it sampled). Returns (accepted draft tokens,
+    the model's own next token, its probability). Example: greedy choices [7, 9, 4] at a draft [7, 8] -> ([7], 9, p)"""
     if isinstance(pick, Sampler):
-        return sample_verified(logits, draft, pick)
+        return sample_verified(logits, draft, pick, draft_probs)
     if pick is not greedy:
         raise ValueError("drafted tokens can be checked with pick=greedy or a sampler from sampling.make_sampler "
                          "(it must read the sampler's distribution to accept or resample drafted tokens)")

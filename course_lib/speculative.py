@@ -3,7 +3,8 @@
 What it does: holds the drafters. A drafter proposes up to k tokens, each an object with one method
 `propose(context, k) -> list[int]`: `PromptLookup` (copy what followed the last few tokens earlier in the
 context), `ModelDrafter` (a cheaper model, for example the 4-bit format of lesson 12, drafting through
-generation.decode_n on its own cache) and `early_exit(model, n)` (the first n layers with the model's head).
+generation.decode_n on its own cache: greedily for a greedy model; for a sampling model it samples from its own
+distribution and keeps it, the q of speculative sampling) and `early_exit(model, n)` (the first n layers with the model's head).
 The loop is generation's: `generate(..., draft=PromptLookup(), k=4)` makes each step a verify pass
 (generation.verify, re-exported here for lesson 14: the last token plus the draft in one pass, the cache rolled
 back past what is rejected), and the acceptance rule is a picker rule in sampling.py (`accept_draft`;
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from .generation import SpecStats, Verified, decode_n, prefill, verify
 from .kv_cache import rollback
-from .sampling import accept_or_resample, greedy, sample_verified
+from .sampling import Sampler, accept_or_resample, greedy, sample_verified
 
-__all__ = ["PromptLookup", "ModelDrafter", "early_exit", "expected_tokens_per_verify", "verify", "Verified",
+__all__ = ["PromptLookup", "ModelDrafter", "early_exit", "expected_tokens_per_verify", "acceptance", "verify", "Verified",
            "SpecStats", "accept_or_resample", "sample_verified"]
 
 
@@ -45,13 +48,26 @@ class PromptLookup:
 
 
 class ModelDrafter:
-    """A cheaper model proposes k greedy tokens. It keeps its own cache across calls and rolls it back to the
-    longest prefix it shares with the new context, so each call only feeds what changed."""
+    """A cheaper model proposes k tokens. It keeps its own cache across calls and rolls it back to the longest
+    prefix it shares with the new context, so each call only feeds what changed.
+    How it drafts follows the model's picker (`follow(pick)`, which generate calls): greedy when the model is
+    greedy; when the model samples, the drafter samples from its own distribution with the same settings and
+    keeps those distributions in `probs`, the q of speculative sampling (sampling.sample_verified). sample=False
+    keeps greedy drafts under a sampling model (q one-hot), to compare the two."""
 
-    def __init__(self, model, name: str = "cheaper model"):
-        self.model, self.name = model, name
+    def __init__(self, model, name: str = "cheaper model", sample: bool = True, seed: int = 0):
+        self.model, self.name, self.sample, self.seed = model, name, sample, seed
         self.cache = None  # any cache (kv_cache.Cache, or transformers' DynamicCache)
         self.seen: list[int] = []  # the tokens whose keys and values are in self.cache
+        self.sampler: Sampler | None = None  # set by follow() when the model samples
+        self.probs: list[torch.Tensor] | None = None  # q of each drafted token, when sampled; None: one-hot
+
+    def follow(self, pick) -> None:
+        """Draft as the model picks: a Sampler with a temperature -> sample with the same settings (own generator,
+        seeded from `seed`), keeping q; anything else -> greedy."""
+        sampling = isinstance(pick, Sampler) and pick.config.temperature > 0 and self.sample
+        self.sampler = Sampler(pick.config, self.seed) if sampling else None
+        self.target = pick if sampling else None
 
     def propose(self, context: list[int], k: int) -> list[int]:
         common = 0
@@ -65,9 +81,20 @@ class ModelDrafter:
         else:
             rollback(self.cache, common)
             logits, self.cache = prefill(self.model, context[common:], self.cache)
-        draft, _, self.cache = decode_n(self.model, logits[0], self.cache, k, greedy)
+        pick = greedy
+        if self.sampler is not None:
+            self.sampler.seen, self.probs = list(self.target.seen), []  # its filters see what the model's see
+            pick = self._sample
+        draft, _, self.cache = decode_n(self.model, logits[0], self.cache, k, pick)
         self.seen = list(context) + draft[:-1]  # every drafted token but the last was fed
         return draft
+
+    def _sample(self, logits: torch.Tensor) -> tuple[int, float]:
+        q = self.sampler.distribution(logits)  # (V,)
+        token = self.sampler.draw(q)
+        self.sampler.accept(token)
+        self.probs.append(q)
+        return token, float(q[token])
 
 
 def early_exit(model, layers: int) -> ModelDrafter:
@@ -88,3 +115,10 @@ def expected_tokens_per_verify(acceptance: float, k: int) -> float:
     """If each drafted token is accepted with probability a (independently, in order), a verify step yields
     1 + a + a^2 + ... + a^k tokens. Example: a = 0.5, k = 2 -> 1.75"""
     return sum(acceptance ** i for i in range(k + 1))
+
+
+def acceptance(p: torch.Tensor, q: torch.Tensor) -> float:
+    """The probability that speculative sampling accepts a token drafted from q when the model samples from p:
+    sum over tokens of q(x) min(1, p(x) / q(x)) = sum of min(p, q) = 1 - total variation distance(p, q).
+    With a one-hot q (a greedy drafter) it is p of the drafted token. Example: p = q -> 1.0"""
+    return float(torch.minimum(p, q.to(p.device, p.dtype)).sum())

@@ -175,3 +175,111 @@ def test_speculative_runs_on_the_library_model_too(tiny, tokenizer, k):
 def test_early_exit_needs_the_courses_model(tiny):
     with pytest.raises(TypeError, match="model.Model"):
         early_exit(tiny, 1)
+
+
+def _sub_vocabulary(real_logits, rows=3, size=16):
+    idx = real_logits[0].topk(size).indices.expand(rows, size)
+    target = real_logits[:rows].gather(1, idx)  # (rows, 16) real logits
+    drafter = target + torch.linspace(1.5, -1.5, size)  # a drafter that leans towards the first few tokens
+    return target, drafter
+
+
+def _sampled_runs(target, drafter, config, n, pass_q=True):
+    """n verify steps of two drafted tokens, each drafted from the drafter's own distribution (as ModelDrafter
+    does for a sampling model): counts of the first emitted token, and of the second after an accepted first."""
+    from course_lib.sampling import logits_to_probs, make_sampler, sample_verified
+    sampler = make_sampler(config, seed=0)
+    g = torch.Generator().manual_seed(1)
+    qs = [logits_to_probs(drafter[i], config) for i in range(2)]
+    first, second = torch.zeros(target.shape[1]), torch.zeros(target.shape[1])
+    for _ in range(n):
+        draft = [int(torch.multinomial(q, 1, generator=g)) for q in qs]
+        accepted, bonus, _ = sample_verified(target, draft, sampler, qs if pass_q else None)
+        out = accepted + [bonus]
+        first[out[0]] += 1
+        if accepted:
+            second[out[1]] += 1
+        sampler.seen.clear()
+    return first, second
+
+
+def test_sampled_drafts_keep_each_tokens_distribution(real_logits):
+    from course_lib.sampling import SamplingConfig, logits_to_probs
+    target, drafter = _sub_vocabulary(real_logits)
+    config = SamplingConfig(temperature=1.0)
+    first, second = _sampled_runs(target, drafter, config, 12_000)
+    for counts, row in ((first, 0), (second, 1)):
+        assert _chi_square_p_value(counts.long(), logits_to_probs(target[row], config)) > 1e-3
+
+
+def test_sampled_drafts_with_a_wrong_resample_are_caught(real_logits, monkeypatch):
+    """Accepted with min(1, p/q) as it should, but a rejection draws from p itself instead of max(0, p - q)."""
+    from course_lib import sampling
+    from course_lib.sampling import SamplingConfig, logits_to_probs
+
+    def wrong(p, q, drafted, generator):
+        if torch.rand((), generator=generator) < min(1.0, float(p[drafted] / q[drafted])):
+            return drafted
+        return int(torch.multinomial(p, 1, generator=generator))
+
+    monkeypatch.setattr(sampling, "accept_or_resample", wrong)
+    target, drafter = _sub_vocabulary(real_logits)
+    config = SamplingConfig(temperature=1.0)
+    first, _ = _sampled_runs(target, drafter, config, 12_000)
+    assert _chi_square_p_value(first.long(), logits_to_probs(target[0], config)) < 1e-3
+
+
+def test_sampled_drafts_judged_as_one_hot_keep_p_but_accept_less(real_logits):
+    """A draft drawn from q and judged as if q were one-hot (accepted with p(x)) still gives p: the rule holds for
+    any proposal, given the drawn token. It only accepts less: sum of q p, against sum of min(p, q)."""
+    from course_lib.sampling import SamplingConfig, logits_to_probs
+    from course_lib.speculative import acceptance
+    target, drafter = _sub_vocabulary(real_logits)
+    config = SamplingConfig(temperature=1.0)
+    first, _ = _sampled_runs(target, drafter, config, 12_000, pass_q=False)
+    p, q = logits_to_probs(target[0], config), logits_to_probs(drafter[0], config)
+    assert _chi_square_p_value(first.long(), p) > 1e-3
+    assert float((p * q).sum()) < acceptance(p, q)
+
+
+def test_acceptance_is_one_minus_total_variation(real_logits):
+    from course_lib.speculative import acceptance
+    target, drafter = _sub_vocabulary(real_logits)
+    p, q = torch.softmax(target[0], -1), torch.softmax(drafter[0], -1)
+    assert acceptance(p, q) == pytest.approx(1 - 0.5 * float((p - q).abs().sum()), abs=1e-6)
+    assert acceptance(p, p) == pytest.approx(1.0)
+    one_hot = torch.nn.functional.one_hot(q.argmax(), 16).float()
+    assert acceptance(p, one_hot) == pytest.approx(float(p[q.argmax()]))
+    g = torch.Generator().manual_seed(3)
+    n = 20_000  # the rule's acceptance test, min(1, p/q) on x drawn from q, counted directly
+    accepted = sum(float(torch.rand((), generator=g)) < min(1.0, float(p[x] / q[x]))
+                   for x in torch.multinomial(q, n, replacement=True, generator=g).tolist())
+    sigma = (acceptance(p, q) * (1 - acceptance(p, q)) / n) ** 0.5
+    assert abs(accepted / n - acceptance(p, q)) < 4 * sigma
+
+
+def test_a_model_drafter_samples_when_the_model_samples(tiny, tokenizer):
+    from course_lib.sampling import SamplingConfig, make_sampler
+    prompt = story_ids(tokenizer)
+    drafter = ModelDrafter(tiny)
+    run = generate(tiny, tokenizer, prompt, 12, stop_ids=(), pick=make_sampler(SamplingConfig(temperature=1.0), seed=4),
+                   draft=drafter, k=3)
+    assert drafter.sampler is not None and drafter.probs is not None and len(drafter.probs) == 3
+    assert all(float(q.sum()) == pytest.approx(1.0, abs=1e-4) for q in drafter.probs)
+    assert run.speculative.verify_steps > 0
+    greedy_drafter = ModelDrafter(tiny)
+    generate(tiny, tokenizer, prompt, 6, stop_ids=(), draft=greedy_drafter, k=3)
+    assert greedy_drafter.sampler is None and greedy_drafter.probs is None
+    fixed = ModelDrafter(tiny, sample=False)
+    generate(tiny, tokenizer, prompt, 6, stop_ids=(), pick=make_sampler(SamplingConfig(temperature=1.0), seed=4),
+             draft=fixed, k=3)
+    assert fixed.probs is None  # greedy drafts under a sampling model: q one-hot
+
+
+def test_the_last_verify_counts_too(ours, tokenizer):
+    """The model drafting for itself is accepted (nearly) always, the verify that ends the request included:
+    accepted tokens are counted as they are emitted."""
+    r = generate(ours, tokenizer, edit_ids(tokenizer), 20, stop_ids=(), draft=ModelDrafter(ours), k=4)
+    s = r.speculative
+    assert s.accepted == len(s.accepted_at)
+    assert s.acceptance_rate > 0.95 and s.drafted <= 20
