@@ -269,6 +269,7 @@ for t in (0.0, 0.7, 1.0):
     print(f"temperature {t}: acceptance {r.speculative.acceptance_rate:.2f}, "
           f"{r.speculative.tokens_per_verify:.2f} tokens per verify step | {r.text[:70]!r}")
 
+# %% [markdown]
 # ---
 # ## Summary
 #
