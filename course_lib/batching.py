@@ -176,7 +176,7 @@ def run_schedule(model, jobs: list[Job], max_batch: int, continuous: bool) -> li
 
 
 REJECTED = "rejected"  # a scheduler's verdict, not a stop: the request never ran (the memory could not hold it)
-PAGED_POLICIES = ("preempt", "reject")
+PAGED_POLICIES = ("preempt", "reserve", "reject")
 
 
 def check_budget(token_budget, max_batch: int) -> int | None:
@@ -200,9 +200,10 @@ class PagedBatch:
     block tables and each prompt chunk as one call of its own (production engines pack both into one call).
     When a running job needs a block and none is free: "preempt" (vLLM's way) frees the most recently admitted
     job's blocks and puts it back at the front of the queue, to be recomputed later (prompt and tokens so far,
-    minus what the prefix cache still holds); "reject" instead admits a job only if blocks for its prompt plus all
-    its new tokens can be reserved, and turns it away otherwise. Same interface as ContinuousBatch (jobs, add,
-    step), so the server runs it."""
+    minus what the prefix cache still holds). "reserve" (reserve-and-wait, what a server without preemption does)
+    admits a job only once blocks for its prompt plus all its new tokens can be reserved, and keeps it waiting
+    until then, so no running job ever runs short; "reject" turns such a job away instead. Same interface as
+    ContinuousBatch (jobs, add, step), so the server runs it."""
 
     def __init__(self, model, pool, policy: str = "preempt", max_batch: int = 8, clock: float | None = None,
                  token_budget: int | None = None, watermark: int | None = None):
@@ -261,6 +262,7 @@ class PagedBatch:
                 job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
             self.seqs[job.name] = Sequence(list(job.prompt))
             self.waiting.append(job)
+            self.events.append((self.now(), job.name, "queued"))
 
     def _leave(self, job: Job, reason: str, stamp: float) -> None:
         job.finish_reason, job.end = reason, stamp
@@ -286,7 +288,9 @@ class PagedBatch:
                 self._leave(job, "cancelled", stamp)
                 continue
             need = blocks_for(len(job.prompt) + job.new_tokens, self.pool.block_size)
-            if self.policy == "reject" and sum(self.reserved.values()) + need > manager.num_blocks:
+            if self.policy != "preempt" and sum(self.reserved.values()) + need > manager.num_blocks:
+                if self.policy == "reserve":
+                    break  # wait until a running job finishes and gives its reservation back
                 self.rejected += 1
                 self._leave(job, REJECTED, stamp)
                 continue
@@ -299,7 +303,7 @@ class PagedBatch:
             if cost > manager.num_free - spare:
                 break  # wait until running jobs give blocks back
             self.waiting.pop(0)
-            if self.policy == "reject":
+            if self.policy != "preempt":
                 self.reserved[job.name] = need  # note: only once admitted, so a waiting job never counts itself
             before = seq.was_computed
             hit = self.pool.admit(seq)

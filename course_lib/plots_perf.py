@@ -241,8 +241,8 @@ def plot_block_tables(tables: dict[str, list[int]], ref: list[int], ax=None,
 
 
 def plot_paged_runs(runs: dict, budget_blocks: int, names: list[str]):
-    """One row per policy: blocks in use over time against the pool, and when each request held blocks
-    (from the scheduler's events: admitted, preempted, finished or rejected)."""
+    """One row per policy: blocks in use over time against the pool, and when each request held blocks (solid)
+    or waited in the queue (pale), from the scheduler's events: queued, admitted, preempted, finished or rejected."""
     fig, axes = plt.subplots(len(runs), 2, figsize=(12, 3.2 * len(runs)), layout="constrained", squeeze=False)
     for row, (policy, run) in enumerate(runs.items()):
         ax = axes[row, 0]
@@ -256,21 +256,28 @@ def plot_paged_runs(runs: dict, budget_blocks: int, names: list[str]):
         ax = axes[row, 1]
         end = run.seconds
         for i, name in enumerate(names):
-            spans, opened, fate, count, when = [], None, "running", 0, 0.0
+            spans, waits, opened, queued, fate, count, when = [], [], None, None, "running", 0, 0.0
             for t, who, what in run.batch.events:
                 if who != name:
                     continue
-                if what == "admitted":
+                if what == "queued":
+                    queued = t
+                elif what == "admitted":
                     opened = t
+                    if queued is not None:
+                        waits.append((queued, t - queued))
+                        queued = None
                 elif what == "preempted":
                     spans.append((opened, t - opened))
-                    opened, count = None, count + 1
+                    opened, queued, count = None, t, count + 1
                 else:
                     fate, when = what, t
                     if opened is not None:
                         spans.append((opened, t - opened))
                         opened = None
             colour = PALETTE[7] if fate == "rejected" else PALETTE[2]
+            if waits:
+                ax.broken_barh(waits, (i - 0.25, 0.5), color=PALETTE[7], alpha=0.25)
             if spans:
                 ax.broken_barh(spans, (i - 0.4, 0.8), color=colour)
             elif fate == "rejected":
@@ -280,7 +287,7 @@ def plot_paged_runs(runs: dict, budget_blocks: int, names: list[str]):
         ax.set_yticks(range(len(names)), names, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, end * 1.35)
-        ax.set_xlabel("seconds (bars: holding blocks)")
+        ax.set_xlabel("seconds (solid: holding blocks; pale: waiting)")
         ax.set_title(f"'{policy}': {run.finished} of {len(names)} finished, {run.tokens_per_s:.1f} tok/s, "
                      f"{run.batch.recomputed_tokens} tokens recomputed")
     return fig

@@ -265,3 +265,25 @@ def test_two_jobs_with_one_name_are_refused(small):
 def test_footprint_refuses_a_bad_block_size():
     with pytest.raises(ValueError, match="whole number"):
         paged.footprint([[1, 2]], 0)
+
+
+def test_reserve_and_wait_finishes_everything_without_preempting(small, tokenizer, stop, alone):
+    """The pool where reject turns requests away: reserve-and-wait turns nobody away and never preempts; some
+    jobs wait in the queue for a reservation, and every job gets the tokens it gets alone."""
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(small, 12)
+    batch = batching.run_paged(small, jobs, pool, policy="reserve")
+    assert batch.preempted == 0 and batch.rejected == 0
+    assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
+    assert [j.tokens for j in jobs] == [alone(small, p) for p in prompts]
+    queued = {who: t for t, who, what in batch.events if what == "queued"}
+    admitted = {}
+    for t, who, what in batch.events:
+        if what == "admitted":
+            admitted.setdefault(who, t)
+    assert set(queued) == {j.name for j in jobs}
+    first_end = min(j.end for j in jobs)
+    assert any(admitted[n] >= first_end for n in queued)  # someone waited until another finished
+    assert pool.manager.num_used == 0
+    pool.manager.check()

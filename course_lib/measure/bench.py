@@ -350,7 +350,8 @@ def format_report(result: dict) -> str:
                      f"{p['kv_bytes_contiguous'] / 1e6:.0f} MB contiguous; first token {p['ttft_no_prefix_s']:.3f} s -> "
                      f"{p['ttft_prefix_s']:.3f} s with a prefix hit ({p['prefix_ttft_ratio']:.1f}x, hit rate "
                      f"{p['prefix_hit_rate']:.2f}); {p['budget_blocks']} blocks: preempt finished {p['finished_preempt']} "
-                     f"({p['preempted']} preemptions, {p['recomputed_tokens']} tokens recomputed), reject {p['finished_reject']}")
+                     f"({p['preempted']} preemptions, {p['recomputed_tokens']} tokens recomputed), reject {p['finished_reject']}"
+                     + (f", reserve-and-wait {p['finished_reserve']} in {p['seconds_reserve']:.1f} s against preempt's {p['seconds_preempt']:.1f} s" if 'finished_reserve' in p else ""))
     if "serving_load" in result:
         s = result["serving_load"]
         for name in s["configs"]:

@@ -64,6 +64,15 @@ class TraceRun:
     def tokens_per_s(self) -> float:
         return sum(len(j.tokens) for j in self.jobs) / self.seconds
 
+    def waits(self) -> dict[str, dict[str, float]]:
+        """Per finished job, seconds from its arrival (queued) to its first token and to its end."""
+        queued = {}
+        for t, who, what in self.batch.events:
+            if what == "queued":
+                queued[who] = t
+        return {j.name: {"first_token": j.first_token - queued[j.name], "end": j.end - queued[j.name]}
+                for j in self.jobs if j.finish_reason not in ("rejected", "cancelled", "") and j.name in queued}
+
 
 def run_trace(model, jobs: list[Job], arrivals: list[int], num_blocks: int, policy: str = "preempt",
               max_batch: int = 8, prefix_caching: bool = True, attention: str = "paged") -> TraceRun:
@@ -130,11 +139,12 @@ def bench_section(model, tokenizer, quick: bool = False) -> dict:
     alone = alone_tokens(ours, tokenizer, jobs)
     roomy = run_trace(ours, jobs, arrivals, 160)
     budget = budget_blocks(roomy)
-    tight = {p: run_trace(ours, jobs, arrivals, budget, p) for p in ("preempt", "reject")}
+    tight = {p: run_trace(ours, jobs, arrivals, budget, p) for p in ("preempt", "reserve", "reject")}
     questions = HANDBOOK_QUESTIONS[:2 if quick else 4]
     hit, miss = prefix_ttft(ours, tokenizer, questions), prefix_ttft(ours, tokenizer, questions, prefix_caching=False)
     same = (all(j.tokens == alone[j.name] for j in roomy.jobs) and all(j.tokens == alone[j.name] for j in tight["preempt"].jobs)
             and all(j.tokens == alone[j.name] for j in tight["reject"].jobs if j.finish_reason != "rejected")
+            and all(j.tokens == alone[j.name] for j in tight["reserve"].jobs)
             and [r["token"] for r in hit] == [r["token"] for r in miss])
     ttft_hit, ttft_miss = median([r["ttft_s"] for r in hit[1:]]), median([r["ttft_s"] for r in miss])
     hits = sum(r["reused_tokens"] for r in hit)
@@ -148,4 +158,8 @@ def bench_section(model, tokenizer, quick: bool = False) -> dict:
         "recomputed_tokens": tight["preempt"].batch.recomputed_tokens,
         "finished_preempt": tight["preempt"].finished, "finished_reject": tight["reject"].finished,
         "tokens_per_s_preempt": tight["preempt"].tokens_per_s, "tokens_per_s_reject": tight["reject"].tokens_per_s,
+        "finished_reserve": tight["reserve"].finished, "tokens_per_s_reserve": tight["reserve"].tokens_per_s,
+        "seconds_preempt": tight["preempt"].seconds, "seconds_reserve": tight["reserve"].seconds,
+        "mean_wait_to_end_s": {p: sum(w["end"] for w in r.waits().values()) / max(1, len(r.waits()))
+                               for p, r in tight.items()},
     }
