@@ -14,11 +14,11 @@ def entropy_bits(probs):
     return float(-(p * p.log2()).sum())
 
 
-def first_layer():
-    ids = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+def first_layer(text, word):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     top, _ = logit_lens(model, ids)  # (L+1, T, 1)
-    paris = tokenizer(" Paris", add_special_tokens=False)["input_ids"][0]
-    return next(row - 1 for row in range(1, top.shape[0]) if int(top[row, -1, 0]) == paris)
+    target = tokenizer(word, add_special_tokens=False)["input_ids"][0]
+    return next(row - 1 for row in range(1, top.shape[0]) if int(top[row, -1, 0]) == target)
 
 
 def project(hidden):

@@ -21,10 +21,10 @@ def kv_head_of(query_head):
     return query_head // (model.config.num_attention_heads // model.config.num_key_value_heads)
 
 
-def strongest():
-    ids = tokenizer("The bank is closed because they had no money left.", add_special_tokens=False)["input_ids"]
+def strongest(text, query, key):
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pieces = [tokenizer.decode([i]) for i in ids]
-    scores = attention_weights(model, ids)[:, :, pieces.index(" they"), pieces.index(" bank")]  # (L, H)
+    scores = attention_weights(model, ids)[:, :, pieces.index(query), pieces.index(key)]  # (L, H)
     flat = int(scores.argmax())
     return flat // scores.shape[1], flat % scores.shape[1]
 

@@ -14,7 +14,6 @@ def my_top_k(logits, k):
     return logits.masked_fill(logits < kth_largest, float("-inf"))
 
 
-def estimate(logits, the_id, draws=5000, seed=0):
+def draws(logits, n=5000, seed=0):
     probs = logits_to_probs(logits)
-    tokens = sample(probs, torch.Generator(device=probs.device).manual_seed(seed), draws)
-    return float((tokens == the_id).float().mean())
+    return sample(probs, torch.Generator(device=probs.device).manual_seed(seed), n).tolist()

@@ -16,7 +16,9 @@ def pieces_for(token_ids):
     pieces, emitted = [], ""
     for k in range(1, len(token_ids) + 1):
         text = tokenizer.decode(token_ids[:k])
-        if not text.endswith("\ufffd"):  # hold back an incomplete character
+        if text.endswith("\ufffd"):  # hold back an incomplete character
+            pieces.append("")
+        else:
             pieces.append(text[len(emitted):])
             emitted = text
     return pieces

@@ -15,3 +15,8 @@ def ratio(n=256):
     prefill_tps = n / prefill_seconds(model, tokenizer, [n])[0]
     decode_tps = 1 / decode_seconds(model, tokenizer, [n])[0]
     return prefill_tps / decode_tps
+
+
+def ttft_prediction(n=2000):
+    """From the longest prompt of section 1, scaled to n tokens (a little optimistic: attention grows faster)."""
+    return n / (1024 / prefill_seconds(model, tokenizer, [1024])[0]) * 1.2

@@ -85,11 +85,17 @@ def test_lesson03(model, tokenizer):
     s = solution(3, model, tokenizer)
     assert lesson03.check_count_params(s.count_params, model)
     assert lesson03.check_entropy(s.entropy_bits)
-    assert lesson03.check_first_layer(s.first_layer(), model, tokenizer)
+    for text, word in lesson03.LENS_TASKS:
+        assert lesson03.check_first_layer(s.first_layer(text, word), model, tokenizer, text, word)
+    task = lesson03.first_layer_task(model, tokenizer)
+    assert set(task) == {"text", "word"} and (task["text"], task["word"]) in lesson03.LENS_TASKS
     assert lesson03.check_project(s.project, model, tokenizer)
     assert not lesson03.check_count_params(lambda m: len(list(m.parameters())), model)
     assert not lesson03.check_entropy(lambda p: float(-(p * p.clamp_min(1e-12).log()).sum()))  # nats, not bits
-    assert not lesson03.check_first_layer(10, model, tokenizer)
+    answers = {lesson03._first_hit(model, tokenizer, t, w) for t, w in lesson03.LENS_TASKS}
+    assert len(answers) >= 3  # no constant passes every task
+    for constant in range(30):  # a constant (the lesson's own example printed 29) fails some task
+        assert not all(lesson03.check_first_layer(constant, model, tokenizer, t, w) for t, w in lesson03.LENS_TASKS)
     assert not lesson03.check_project(lambda h: int(model.lm_head(h).argmax()), model, tokenizer)  # no final norm
 
 
@@ -98,13 +104,15 @@ def test_lesson04(eager, tokenizer):
     assert lesson04.check_causal_mask(s.causal_mask)
     assert lesson04.check_head_by_hand(s.head_weights)
     assert lesson04.check_kv_head(s.kv_head_of, eager.model.config)
-    text = "The bank is closed because they had no money left."
-    assert lesson04.check_strongest_head(s.strongest(), eager.model, tokenizer, text, " they", " bank")
+    for text, query, key in lesson04.HEAD_TASKS:
+        assert lesson04.check_strongest_head(s.strongest(text, query, key), eager.model, tokenizer, text, query, key)
+    lesson_answer = s.strongest("The bank is closed because they had no money left.", " they", " bank")
+    assert not all(lesson04.check_strongest_head(lesson_answer, eager.model, tokenizer, *t) for t in lesson04.HEAD_TASKS)
     assert not lesson04.check_causal_mask(lambda T: torch.tril(torch.ones(T, T, dtype=torch.bool), -1))
     assert not lesson04.check_head_by_hand(lambda q, k: torch.softmax(q @ k.T, dim=-1))
     assert not lesson04.check_kv_head(lambda h: h % 3, eager.model.config)
-    assert not lesson04.check_strongest_head((0, 0), eager.model, tokenizer, text, " they", " bank")
-    assert not lesson04.check_strongest_head(None, eager.model, tokenizer, text, " they", " bank")
+    assert not lesson04.check_strongest_head((0, 0), eager.model, tokenizer, *lesson04.HEAD_TASKS[0])
+    assert not lesson04.check_strongest_head(None, eager.model, tokenizer, *lesson04.HEAD_TASKS[0])
 
 
 def test_lesson04_probes(model, tokenizer):
@@ -134,12 +142,18 @@ def test_lesson05(model, tokenizer, capital_logits):
     the_id = tokenizer.encode("The", add_special_tokens=False)[0]
     assert lesson05.check_temperature_probs(s.temperature_probs, capital_logits)
     assert lesson05.check_top_k(s.my_top_k, capital_logits)
-    assert lesson05.check_estimate(s.estimate(capital_logits, the_id), the_id, capital_logits)
+    assert lesson05.check_estimate(s.draws(capital_logits), the_id, capital_logits)
     assert not lesson05.check_temperature_probs(lambda v, t: torch.softmax(v * t, dim=-1), capital_logits)
     assert not lesson05.check_top_k(lambda v, k: v.masked_fill(v <= torch.topk(v, k).values[-1], -math.inf),
                                     capital_logits)
     assert not lesson05.check_estimate(0.5, the_id, capital_logits)
     assert not lesson05.check_estimate("high", the_id, capital_logits)
+    exact = float(torch.softmax(capital_logits.float(), -1)[the_id])
+    assert not lesson05.check_estimate(exact, the_id, capital_logits)  # the exact probability is not a simulation
+    made_up = [the_id] * round(exact * 5000) + [0] * (5000 - round(exact * 5000))  # the right share, nothing else
+    assert not lesson05.check_estimate(made_up, the_id, capital_logits)
+    hot = torch.multinomial(torch.softmax(capital_logits.float() / 2, -1), 5000, replacement=True).tolist()
+    assert not lesson05.check_estimate(hot, the_id, capital_logits)  # sampled, at temperature 2
 
 
 def test_lesson06(model, tokenizer):
@@ -178,6 +192,9 @@ def test_lesson08(model, tokenizer):
     assert not lesson08.check_bandwidth(lambda b, t: b * t)
     assert not lesson08.check_crossover(lambda w, k: w / k)
     assert not lesson08.check_phase_ratio(measured / 20, model, tokenizer, reference=measured)
+    assert lesson08.check_ttft_prediction(s.ttft_prediction(), model, tokenizer)
+    assert not lesson08.check_ttft_prediction(0.05, model, tokenizer)  # a decode step's time, not a prefill's
+    assert not lesson08.check_ttft_prediction(None, model, tokenizer)
 
 
 def test_lesson09(model, tokenizer):
@@ -290,3 +307,43 @@ def test_lesson17():
     assert not lesson17.check_outweighs(lambda w, p: w // p)  # rounded down
     assert not lesson17.check_kept(lambda n, b, k: list(range(max(0, n - b), n)))  # a plain window: no sinks
     assert not lesson17.check_kept(lambda n, b, k: list(range(k)) + list(range(n - (b - k), n)))  # evicts before full
+
+
+# Wrong answers a learner could hand in without doing the exercise: a constant, a value the notebook printed,
+# a copy of the lesson's own example, a non-streaming answer. Each must fail (the checks draw new cases per run).
+WRONG = {
+    "09 mean latency: the fixed case's 3.0": (lambda: lesson09.check_mean_latency(lambda jobs: 3.0)),
+    "09 waste: a constant": (lambda: lesson09.check_waste(lambda lengths: 0.5)),
+    "10 parse: the fixed stream's text": (lambda: lesson10.check_parse(lambda raw: "Paris.")),
+    "10 ttft: the fixed case's 0.4": (lambda: lesson10.check_ttft(lambda start, arrivals: 0.4)),
+    "10 body: the lesson's own question": (lambda: lesson10.check_body(lambda q: {
+        "messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True, "max_tokens": 50})),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_a_wrong_answer_fails_every_time(name, capsys):
+    for _ in range(5):  # five draws of new cases
+        assert not WRONG[name]()
+    assert "❌" in capsys.readouterr().out
+
+
+def test_failure_messages_do_not_give_the_answer(capsys):
+    """The expected value is not printed when an answer is wrong: the learner sees the case and their answer."""
+    seen = []
+
+    def remember(jobs):
+        seen.append(sum(j.end for j in jobs) / len(jobs))
+        return -1.0
+
+    assert not lesson09.check_mean_latency(remember)
+    assert f"{seen[0]:.2f}" not in capsys.readouterr().out.replace("-1.0", "")
+    times = []
+
+    def remember_ttft(start, arrivals):
+        times.append(min(arrivals) - start)
+        return -1.0
+
+    assert not lesson10.check_ttft(remember_ttft)
+    out = capsys.readouterr().out
+    assert f"{times[0]:.2f}" not in out and f"{times[0]:.3f}" not in out

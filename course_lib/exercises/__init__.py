@@ -19,3 +19,12 @@ def safely(fn, *args):
         return False, "the function still raises NotImplementedError: replace `...` with your code"
     except Exception as err:  # noqa: BLE001 - a learner's bug becomes a hint
         return False, f"your function raised {type(err).__name__}: {err}"
+
+
+def fresh():
+    """A random generator for a check's cases, seeded anew at every call: each run asks new questions, so an
+    answer copied from an earlier run, or a value the notebook printed, does not pass. Failure messages show the
+    case and the learner's answer, never the expected value."""
+    import os
+    import random
+    return random.Random(os.urandom(8))

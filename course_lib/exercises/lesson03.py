@@ -6,7 +6,11 @@ import math
 import torch
 
 from ..anatomy import layer_outputs, logit_lens
-from . import safely, verdict
+from . import fresh, safely, verdict
+
+# texts whose next word first tops the logit lens at different depths (checked when a task is drawn)
+LENS_TASKS = [("A, B, C, D,", " E"), ("The opposite of hot is", " cold"), ("Once upon a", " time"),
+              ("The United States of", " America"), ("to be or not to", " be"), ("Thank you very", " much")]
 
 
 def check_count_params(count_params, model) -> bool:
@@ -38,15 +42,30 @@ def check_entropy(entropy_bits) -> bool:
     return verdict(True, "1 bit is a coin flip; 3 bits is eight equal choices", "")
 
 
-def check_first_layer(answer, model, tokenizer, text: str = "The capital of France is", word: str = " Paris") -> bool:
-    """answer: the first layer (0-29) after which the logit lens's top guess at the last position is `word`."""
+def _first_hit(model, tokenizer, text: str, word: str):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     top, _ = logit_lens(model, ids)  # (L+1, T, 1)
     target = tokenizer(word, add_special_tokens=False)["input_ids"][0]
     hits = [row - 1 for row in range(1, top.shape[0]) if int(top[row, -1, 0]) == target]
-    want = hits[0] if hits else None
+    return hits[0] if hits else None
+
+
+def first_layer_task(model, tokenizer) -> dict:
+    """A text and the word that follows it, drawn at random (not the lesson's own example), for exercise 3.
+    Prints the task; pass the returned dict to check_first_layer as **task."""
+    rng = fresh()
+    tasks = [(t, w) for t, w in LENS_TASKS if _first_hit(model, tokenizer, t, w) is not None]
+    text, word = rng.choice(tasks)
+    print(f"your text: {text!r}; the word: {word!r}")
+    return {"text": text, "word": word}
+
+
+def check_first_layer(answer, model, tokenizer, text: str, word: str) -> bool:
+    """answer: the first layer (0-29) after which the logit lens's top guess at the last position of `text` is
+    `word`."""
+    want = _first_hit(model, tokenizer, text, word)
     return verdict(answer == want, f"{word!r} first tops the lens after layer {want}",
-                   f"you said {answer!r}. Run logit_lens on the text and look at the LAST position, row by row "
+                   f"you said {answer!r}. Run logit_lens on your text and look at the LAST position, row by row "
                    "(row 0 is the embedding, row i + 1 is after layer i)")
 
 

@@ -6,7 +6,14 @@ import math
 import torch
 
 from ..attention import attention_weights, kv_groups
-from . import safely, verdict
+from . import fresh, safely, verdict
+
+# (text, query word, key word): a pronoun or noun and the word it may point back to (none is the lesson's own)
+HEAD_TASKS = [("The trophy did not fit in the suitcase because it was too big.", " it", " trophy"),
+              ("Alice gave Bob the book because he asked for it.", " he", " Bob"),
+              ("The cat sat on the mat because it was warm.", " it", " mat"),
+              ("The bank is closed because they had no money left.", " money", " bank"),
+              ("When the dog saw the ball, it ran to fetch it.", " ran", " dog")]
 
 
 def check_causal_mask(causal_mask) -> bool:
@@ -49,6 +56,14 @@ def check_kv_head(kv_head_of, config) -> bool:
     return verdict(True, "three query heads per key/value head: the cache stores a third of the keys", "")
 
 
+def strongest_task(tokenizer) -> dict:
+    """A sentence, a query word and a key word, drawn at random, for exercise 4. Prints the task; pass the returned
+    dict to check_strongest_head as **task."""
+    text, query, key = fresh().choice(HEAD_TASKS)
+    print(f"your sentence: {text!r}; from {query!r} to {key!r}")
+    return {"text": text, "query": query, "key": key}
+
+
 def check_strongest_head(answer, model, tokenizer, text: str, query: str, key: str) -> bool:
     """answer: (layer, head) where the token `query` gives the most attention to the token `key` in `text`."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -59,7 +74,8 @@ def check_strongest_head(answer, model, tokenizer, text: str, query: str, key: s
     want = (flat // scores.shape[1], flat % scores.shape[1])
     ok = isinstance(answer, tuple) and tuple(answer) == want
     return verdict(ok, f"layer {want[0]}, head {want[1]} puts {float(scores.max()):.2f} of {query!r}'s attention on {key!r}",
-                   f"you said {answer!r}. Take weights[:, :, q, k] (an L x H table) and find its largest entry")
+                   f"you said {answer!r}. Take weights[:, :, q, k] (an L x H table, q and k the positions of your two "
+                   "words) and find its largest entry")
 
 
 def check_patch_prediction(prediction, model, clean: list[int], corrupt: list[int], good: int, bad: int) -> bool:

@@ -41,13 +41,25 @@ def check_top_k(my_top_k, logits) -> bool:
     return verdict(True, "your top-k matches course_lib's (and transformers') filter", "")
 
 
-def check_estimate(estimate, token_id: int, logits, draws: int = 5000) -> bool:
-    """estimate: the share of `draws` samples at temperature 1 that were token_id. Accepts 4 standard errors."""
-    if not isinstance(estimate, (int, float)) or not 0 <= estimate <= 1:
-        return verdict(False, "", "give a probability between 0 and 1")
-    p = float(torch.softmax(logits.float(), dim=-1)[token_id])
-    tolerance = 4 * math.sqrt(p * (1 - p) / draws)
-    ok = abs(estimate - p) <= tolerance
-    return verdict(ok, f"your estimate {estimate:.4f} is within {tolerance:.4f} of the exact {p:.4f}",
-                   f"{estimate:.4f} is too far from the model's probability (tolerance {tolerance:.4f}). "
-                   f"Did you draw {draws} samples at temperature 1 and divide the count by {draws}?")
+def check_estimate(draws, token_id: int, logits, n: int = 5000) -> bool:
+    """draws: the n token IDs you sampled at temperature 1 (a list or a tensor). The check computes the share equal
+    to token_id and accepts it within 4 standard errors of the model's probability; the draws must also spread over
+    the five likeliest tokens as samples do (so a made-up list, or one number, does not pass)."""
+    if torch.is_tensor(draws):
+        draws = draws.flatten().tolist()
+    if not isinstance(draws, (list, tuple)) or len(draws) != n or not all(isinstance(t, int) for t in draws):
+        return verdict(False, "", f"give the {n} sampled token IDs themselves (a list of ints, or the tensor sample() "
+                       "returned), not the estimate")
+    probs = torch.softmax(logits.float(), dim=-1)  # (V,)
+    if not all(0 <= t < probs.numel() for t in draws):
+        return verdict(False, "", "some of your IDs are not in the vocabulary")
+    counts = torch.bincount(torch.tensor(draws), minlength=probs.numel()).float()
+    top = torch.topk(probs, 5).indices
+    for t in [token_id] + [int(i) for i in top]:
+        p, share = float(probs[t]), float(counts[t]) / n
+        if abs(share - p) > 4 * math.sqrt(p * (1 - p) / n) + 1e-9:
+            return verdict(False, "", f"token {t} makes {share:.4f} of your draws, too far from what {n} draws at "
+                           "temperature 1 give. Did you sample from softmax(logits) with sample(probs, generator, n)?")
+    estimate = float(counts[token_id]) / n
+    return verdict(True, f"your draws estimate {estimate:.4f} for the token, within four standard errors of the "
+                   f"model's exact {float(probs[token_id]):.4f}", "")

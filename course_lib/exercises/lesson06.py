@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..generation import GenerationResult, Step, generate
 from ..measure.speed import uncached_run
-from . import safely, verdict
+from . import fresh, safely, verdict
 
 STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷", "plain ASCII text", "naïve café 你好"]
 
@@ -20,20 +20,42 @@ def check_greedy_loop(greedy_loop, model, tokenizer, prompt_ids: list[int], n: i
     return verdict(True, f"your loop wrote {tokenizer.decode(want)!r}, token for token like course_lib's", "")
 
 
+def _complete(tokenizer, ids: list[int]) -> str:
+    """The text a streamer may have sent once these tokens arrived: the decoded text less an incomplete tail."""
+    return tokenizer.decode(ids).rstrip("\ufffd")
+
+
 def check_streamer(pieces_for, tokenizer) -> bool:
-    """pieces_for(token_ids) -> text pieces, one call per token's arrival, never with U+FFFD, joining to the text."""
-    for text in STREAM_TEXTS:
+    """pieces_for(token_ids) -> one text piece per token, sent as that token arrives ("" while text is held back):
+    never a U+FFFD, joining to the text, and at every token at least what the usual rule has sent by then (all the
+    decoded text whenever it does not end in U+FFFD), so returning the whole text at the end, a non-streaming
+    answer, fails. The fixed texts, then random mixes of them."""
+    rng = fresh()
+    mixes = ["".join(rng.sample(STREAM_TEXTS, 2)) + rng.choice(["👍", " ✓", "é", "!"]) for _ in range(2)]
+    for text in STREAM_TEXTS + mixes:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         ok, got = safely(pieces_for, ids)
         if not ok:
             return verdict(False, "", got)
-        if not isinstance(got, list) or "".join(got) != text:
-            return verdict(False, "", f"for {text!r} your pieces join to {''.join(map(str, got or []))!r}")
+        if not isinstance(got, list) or not all(isinstance(p, str) for p in got) or "".join(got) != text:
+            return verdict(False, "", f"for {text!r} your pieces are not text pieces that join to the text")
+        if len(got) != len(ids):
+            return verdict(False, "", f"for {text!r} ({len(ids)} tokens) you sent {len(got)} pieces: send one per "
+                           "token as it arrives, an empty string while you hold text back")
         broken = [p for p in got if "\ufffd" in p]
         if broken:
             return verdict(False, "", f"for {text!r} you emitted broken characters {broken[:3]}: hold text back "
                            "while the decoded tail ends with '\\ufffd'")
-    return verdict(True, "no broken characters, and the pieces join to exactly the text", "")
+        sent, due = "", ""
+        for i, piece in enumerate(got):
+            sent += piece
+            decoded = tokenizer.decode(ids[:i + 1])
+            if not decoded.endswith("\ufffd"):
+                due = decoded  # the usual rule sends everything whenever the decoded text has no broken tail
+            if not _complete(tokenizer, ids[:i + 1]).startswith(sent) or len(sent) < len(due):
+                return verdict(False, "", f"for {text!r}, after token {i + 1} of {len(ids)} you had sent {sent!r}: "
+                               "send the text as soon as the decoded text no longer ends in '\\ufffd'")
+    return verdict(True, "no broken characters, nothing late, and the pieces join to exactly the text", "")
 
 
 def check_ttft_share(ttft_share, model, tokenizer, prompt_ids: list[int]) -> bool:

@@ -50,5 +50,5 @@ def check_ratio(ratio, model, tokenizer, prompt_ids, n_new: int = 48, tolerance:
     rerun = reference if reference is not None else measure_ratio(model, tokenizer, prompt_ids, n_new)
     ok = rerun / tolerance <= ratio <= rerun * tolerance
     return verdict(ok, f"your {ratio:.2f}x agrees with the rerun's {rerun:.2f}x",
-                   f"the rerun measured {rerun:.2f}x, your {ratio!r} is outside a factor {tolerance}. "
-                   "Divide the uncached total by the cached total (run.total)")
+                   f"your {ratio!r} is more than a factor {tolerance} away from the check's own rerun. Time both runs "
+                   "(uncached_run and cached_run, same prompt and n_new) and divide the uncached total by the cached total")

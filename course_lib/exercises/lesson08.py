@@ -1,5 +1,5 @@
 """Checks for 08_prefill_decode: achieved bandwidth, the context where the cache outweighs the weights,
-and a measured prefill/decode speed ratio."""
+a measured prefill/decode speed ratio, and a prediction of a long prompt's prefill, measured after."""
 from __future__ import annotations
 
 from ..measure.bench import decode_seconds, prefill_seconds
@@ -48,4 +48,18 @@ def check_phase_ratio(ratio, model, tokenizer, n: int = 256, tolerance: float = 
     rerun = reference if reference is not None else measure_phase_ratio(model, tokenizer, n)
     ok = rerun / tolerance <= ratio <= rerun * tolerance
     return verdict(ok, f"your {ratio:.1f}x agrees with the rerun's {rerun:.1f}x: prefill is that much faster per token",
-                   f"the rerun measured {rerun:.1f}x; yours {ratio!r} is outside a factor {tolerance}")
+                   f"your {ratio!r} is more than a factor {tolerance} away from the check's own rerun. Measure both "
+                   "with prefill_seconds and decode_seconds at the same n, then divide tokens per second")
+
+
+def check_ttft_prediction(prediction_s, model, tokenizer, n: int = 2000, tolerance: float = 1.5) -> bool:
+    """prediction_s: your prediction, written BEFORE this runs, of the seconds to prefill an n-token prompt on this
+    machine (from section 1's curve). The check then measures it (best of 2) and accepts a factor `tolerance`."""
+    if not isinstance(prediction_s, (int, float)) or isinstance(prediction_s, bool) or prediction_s <= 0:
+        return verdict(False, "", "write your prediction first: a positive number of seconds")
+    measured = prefill_seconds(model, tokenizer, [n], repeats=2)[0]
+    ok = measured / tolerance <= prediction_s <= measured * tolerance
+    return verdict(ok, f"measured {measured:.2f} s for {n} tokens against your {prediction_s:.2f} s",
+                   f"measured {measured:.2f} s for {n} tokens, your {prediction_s:.2f} s is off by more than a factor "
+                   f"{tolerance}. Did you extrapolate tokens per second from the longest prompt of section 1? "
+                   "Attention's cost grows faster than the prompt")

@@ -1,7 +1,12 @@
 """Checks for 10_serving: build a request body, parse a stream of server-sent events, time to first token."""
 from __future__ import annotations
 
-from . import safely, verdict
+import json
+
+from . import fresh, safely, verdict
+
+PIECES = ["Par", "is", ".", " The", " capital", " é", "té", " 東京", "👋", " naïve", " 42", "\n", " \"quoted\""]
+QUESTIONS = ["Name three colours.", "Why is the sky blue?", "Qu'est-ce que c'est ?", "How far is the Moon?"]  # not the lesson's
 
 STREAM = ('data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}\n\n'
           'data: {"choices": [{"index": 0, "delta": {"content": "Par"}, "finish_reason": null}]}\n\n'
@@ -9,33 +14,59 @@ STREAM = ('data: {"choices": [{"index": 0, "delta": {"role": "assistant", "conte
           'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
 
 
+def sse_stream(pieces: list[str], finish: str = "stop") -> str:
+    """A server-sent-events body as the course's server writes it: a role chunk, one chunk per piece, a chunk with
+    the finish reason, then [DONE]."""
+    def chunk(delta, reason=None):
+        return "data: " + json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": reason}]},
+                                     ensure_ascii=False) + "\n\n"
+    return (chunk({"role": "assistant", "content": ""}) + "".join(chunk({"content": p}) for p in pieces)
+            + chunk({}, finish) + "data: [DONE]\n\n")
+
+
 def check_body(make_body) -> bool:
     """make_body(question) -> dict for POST /v1/chat/completions: one user message, streaming on, max_tokens 50."""
-    ok, got = safely(make_body, "What is the capital of France?")
+    question = fresh().choice(QUESTIONS)
+    ok, got = safely(make_body, question)
     if not ok:
         return verdict(False, "", got)
     good = (isinstance(got, dict) and got.get("stream") is True and got.get("max_tokens") == 50
-            and got.get("messages") == [{"role": "user", "content": "What is the capital of France?"}])
+            and got.get("messages") == [{"role": "user", "content": question}])
     return verdict(good, "that body works with any OpenAI-compatible server",
-                   f"got {got!r}; expected messages=[{{'role': 'user', 'content': question}}], stream=True, max_tokens=50")
+                   f"for the question {question!r} got {got!r}. Hint: messages=[{{'role': 'user', 'content': question}}], "
+                   "stream=True, max_tokens=50")
 
 
 def check_parse(parse_stream) -> bool:
-    """parse_stream(raw_text) -> the concatenated content of every chunk of a server-sent-events stream."""
-    ok, got = safely(parse_stream, STREAM)
-    if not ok:
-        return verdict(False, "", got)
-    return verdict(got == "Paris.", "you read the stream the way the openai client does",
-                   f"got {got!r}, expected 'Paris.'. Hint: lines starting with 'data: ', skip '[DONE]', "
-                   "json.loads, then choices[0]['delta'].get('content', '')")
+    """parse_stream(raw_text) -> the concatenated content of every chunk of a server-sent-events stream.
+    Three random streams (multi-byte pieces, a length or stop finish chunk) besides the fixed one."""
+    rng = fresh()
+    streams = [(STREAM, "Paris.")]
+    for _ in range(3):
+        pieces = [rng.choice(PIECES) for _ in range(rng.randint(1, 8))]
+        streams.append((sse_stream(pieces, rng.choice(["stop", "length"])), "".join(pieces)))
+    for raw, want in streams:
+        ok, got = safely(parse_stream, raw)
+        if not ok:
+            return verdict(False, "", got)
+        if got != want:
+            return verdict(False, "", f"on the stream {raw[:160]!r}... you returned {got!r}. Hint: lines starting with "
+                           "'data: ', skip '[DONE]', json.loads, then choices[0]['delta'].get('content', '')")
+    return verdict(True, "you read the stream the way the openai client does", "")
 
 
 def check_ttft(ttft, arrivals: list[float] | None = None) -> bool:
     """ttft(start, arrival_times) -> seconds from the request (start) to the first piece of content."""
-    arrivals = arrivals or [10.4, 10.45, 10.5]
-    ok, got = safely(ttft, 10.0, list(arrivals))
-    if not ok:
-        return verdict(False, "", got)
-    want = min(arrivals) - 10.0
-    return verdict(isinstance(got, float) and abs(got - want) < 1e-9, "time to first token, as a user feels it",
-                   f"expected {want:.2f}, got {got!r}")
+    rng = fresh()
+    cases = [(10.0, list(arrivals))] if arrivals else []
+    for _ in range(3):
+        start = round(rng.uniform(0, 100), 3)
+        cases.append((start, sorted(round(start + rng.uniform(0.01, 3.0), 3) for _ in range(rng.randint(2, 6)))))
+    for start, times in cases:
+        ok, got = safely(ttft, start, list(times))
+        if not ok:
+            return verdict(False, "", got)
+        if not isinstance(got, float) or abs(got - (min(times) - start)) > 1e-9:
+            return verdict(False, "", f"for start {start} and pieces arriving at {times} you returned {got!r}. "
+                           "Hint: the user waits from the request until the first piece arrives")
+    return verdict(True, "time to first token, as a user feels it", "")

@@ -253,12 +253,14 @@ def entropy_bits(probs):
 ex.check_entropy(entropy_bits)
 
 # %% [markdown]
-# **3.** From the logit lens above: after which layer (0 to 29) does `" Paris"` *first* become the
-# top guess at the last position of "The capital of France is"? Put the number in `first_layer`.
+# **3.** The next cell draws a short text and the word that follows it (a new one at each run). Run the
+# logit lens on it as above: after which layer (0 to 29) does the word *first* become the top guess at
+# the last position? Put the number in `first_layer`.
 
 # %%
+task = ex.first_layer_task(model, tokenizer)
 first_layer = None  # your answer here
-ex.check_first_layer(first_layer, model, tokenizer)
+ex.check_first_layer(first_layer, model, tokenizer, **task)
 
 # %% [markdown]
 # **4.** Write `project(hidden)`: the logit lens for one vector. Apply the model's final norm and

@@ -378,14 +378,15 @@ def kv_head_of(query_head):
 ex.check_kv_head(kv_head_of, cfg)
 
 # %% [markdown]
-# **4.** In "The bank is closed because they had no money left.", which (layer, head) puts the most
-# attention from `" they"` on `" bank"`? Compute it from the weights and put a tuple in `strongest`.
-# (Then think: why can no head link `" they"` to `" money"`?)
+# **4.** The next cell draws a sentence and two of its words (a new pair at each run). Which (layer, head)
+# puts the most attention from the first word on the second? Compute it from the weights, as section 5 did
+# for `" they"` and `" bank"`, and put a tuple in `strongest`. (Then think: why can no head link a word to
+# one that comes after it?)
 
 # %%
+task = ex.strongest_task(tokenizer)
 strongest = None  # e.g. (13, 8)
-ex.check_strongest_head(strongest, model, tokenizer, "The bank is closed because they had no money left.",
-                        " they", " bank")
+ex.check_strongest_head(strongest, model, tokenizer, **task)
 
 # %% [markdown]
 # **5.** Before running anything: what fraction of the clean answer comes back if you patch the output of

@@ -273,13 +273,14 @@ ex.check_top_k(my_top_k, logits)
 
 # %% [markdown]
 # **3.** Estimate by simulation the probability that the answer starts with `"The"`: draw 5,000
-# tokens at temperature 1 with a seeded `torch.Generator` and `sample(...)`, and put the share of
-# draws equal to `the_id` in `estimate`. The check accepts any value within four standard errors.
+# tokens at temperature 1 with a seeded `torch.Generator` and `sample(...)`, and put the draws
+# themselves in `draws` (the share equal to `the_id` is your estimate; print it). The check computes
+# that share and the shares of the five likeliest tokens, and accepts them within four standard errors.
 
 # %%
 the_id = tokenizer.encode("The", add_special_tokens=False)[0]
-estimate = None  # your estimate here
-ex.check_estimate(estimate, the_id, logits)
+draws = None  # your 5,000 sampled token IDs here
+ex.check_estimate(draws, the_id, logits)
 
 # %% [markdown]
 # **Next:** 06 · generation and streaming, where the chosen tokens are appended, looped and streamed.

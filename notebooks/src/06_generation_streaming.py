@@ -213,9 +213,11 @@ def greedy_loop(ids, n):
 ex.check_greedy_loop(greedy_loop, model, tokenizer, question_ids)
 
 # %% [markdown]
-# **2.** Write `pieces_for(token_ids)`: the pieces a correct streamer sends as each token arrives
-# (without using `IncrementalDecoder`). No piece may contain `"\ufffd"`, and the pieces must join to
-# the decoded text. Empty pieces are fine.
+# **2.** Write `pieces_for(token_ids)`: the pieces a correct streamer sends, one per token as it arrives
+# (without using `IncrementalDecoder`): an empty string while text is held back, otherwise everything that
+# became complete with this token. No piece may contain `"\ufffd"`, the pieces must join to the decoded
+# text, and no character may be sent later than the token that completed it. The check also draws new
+# texts at every run.
 
 # %%
 def pieces_for(token_ids):

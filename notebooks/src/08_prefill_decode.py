@@ -236,4 +236,15 @@ ratio = None  # your measurement here
 ex.check_phase_ratio(ratio, model, tokenizer)
 
 # %% [markdown]
+# **4. Predict, then measure.** A retrieval app pastes 2,000 tokens of documents into the prompt. Before
+# running anything, predict from section 1's numbers how many seconds its prefill takes on this machine
+# (the time to first token, near enough) and write it in `prediction_s`. The check then measures it and
+# accepts a factor of 1.5. Then compare it with decoding a 100-token answer at that context (section 2):
+# which part of the wait is larger here?
+
+# %%
+prediction_s = None  # your prediction, in seconds, written before you run this cell
+ex.check_ttft_prediction(prediction_s, model, tokenizer)
+
+# %% [markdown]
 # **Next:** 09 · batching, where many requests share each decode step.
