@@ -4,7 +4,8 @@ What it does: on the library's model, through forward hooks (anatomy.py's way), 
 `answer_ids` builds a running example's prompt up to the answer word; `logit_diff` is the metric: the logit of
 the right answer minus the wrong one's at the last position. `ablate_heads` removes one attention head at a
 time (its output, before the output projection, replaced by its mean over reference prompts, or by zeros) and
-reports how the metric moves, for all heads (L x H). `patch_residual` runs the corrupted prompt ("...Germany")
+reports how the metric moves, for all heads (L x H); `ablate_mlps` does the same for each layer's feed-forward
+block. `patch_residual` runs the corrupted prompt ("...Germany")
 with the residual stream at one layer and one position copied from the clean run ("...France") and reports the
 fraction of the clean answer that comes back, (L + 1) x T (row l: the input of block l; row L: the output of
 the last block). `patch_heads` copies single heads' outputs instead. Patched runs recompute only the positions from the first
@@ -154,6 +155,40 @@ def ablated_metric(model, ids: list[int], good: int, bad: int, heads: list[tuple
             return (x.view(1, len(ids), H * D),)
         hooks.append((_blocks(model)[layer].self_attn.o_proj, hook))
     return float(logit_diff(_last_logits(model, torch.tensor([ids]), hooks), good, bad)[0])
+
+
+@torch.inference_mode()
+def mlp_inputs(model, ids: list[int]) -> torch.Tensor:
+    """Every layer's feed-forward activation at every position, the input of its down projection: (L, T, I)."""
+    seen = []
+    hooks = [(block.mlp.down_proj, lambda mod, args: seen.append(args[0][0].clone())) for block in _blocks(model)]
+    _last_logits(model, torch.tensor([ids]), hooks)
+    return torch.stack(seen)
+
+
+def mean_mlp_inputs(model, prompts: list[list[int]]) -> torch.Tensor:
+    """(L, I): each layer's feed-forward activation averaged over every position of these reference prompts.
+    Replacing the activation by this mean replaces the layer's feed-forward output by its mean (the down
+    projection is linear)."""
+    return torch.cat([mlp_inputs(model, p) for p in prompts], dim=1).mean(dim=1)
+
+
+@torch.inference_mode()
+def ablate_mlps(model, ids: list[int], good: int, bad: int, means: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """(effects (L,), the clean metric): the change in logit_diff when one layer's feed-forward block is ablated
+    at every position (its output replaced by the mean over a reference set, from mean_mlp_inputs, or by zeros).
+    One batched pass: row l ablates layer l. Negative: that feed-forward block helped the right answer."""
+    L = _shape(model)[0]
+    base = float(logit_diff(_last_logits(model, torch.tensor([ids]), []), good, bad)[0])
+    hooks = []
+    for layer, block in enumerate(_blocks(model)):
+        def hook(mod, args, layer=layer):
+            x = args[0].clone()  # (L rows, T, I)
+            x[layer] = 0 if means is None else means[layer].to(x.dtype)
+            return (x,)
+        hooks.append((block.mlp.down_proj, hook))
+    effects = logit_diff(_last_logits(model, torch.tensor([ids] * L), hooks), good, bad).cpu() - base
+    return effects, base
 
 
 @torch.inference_mode()

@@ -151,6 +151,27 @@ def cost(n_tokens: int, price_per_million: float) -> float:
     return n_tokens * price_per_million / 1_000_000
 
 
+def word_shapes(tokenizer, text: str) -> dict:
+    """How a text's words and punctuation marks fall into tokens (lesson 01), from the tokenizer's own offsets.
+    words: runs of letters/digits (regex \\w+); a word is whole when one token covers all of it (its leading
+    space may be in the token too), split when it takes several. punctuation: every other non-space character;
+    alone when its token holds nothing but it (and spaces), merged otherwise. Example: "Hi, you." -> words 2 whole;
+    punctuation "," and "." each alone or merged, as the vocabulary has them."""
+    import re
+    enc = tokenizer(_check_text(text), add_special_tokens=False, return_offsets_mapping=True)
+    spans = enc["offset_mapping"]  # per token: (start, end) in characters
+
+    def covering(start: int, end: int) -> list[int]:
+        return [i for i, (a, b) in enumerate(spans) if a < end and b > start]
+
+    words = [m.span() for m in re.finditer(r"\w+", text)]
+    whole = sum(1 for a, b in words if len(covering(a, b)) == 1)
+    marks = [m.start() for m in re.finditer(r"[^\w\s]", text)]
+    alone = sum(1 for i in marks if all(len(text[a:b].strip()) == 1 for a, b in (spans[t] for t in covering(i, i + 1))))
+    return {"tokens": len(spans), "words": len(words), "whole_words": whole, "split_words": len(words) - whole,
+            "punctuation": len(marks), "punctuation_alone": alone, "punctuation_merged": len(marks) - alone}
+
+
 def piece_lengths(tokenizer) -> dict[str, list[int]]:
     """Length in bytes of every vocabulary entry of both tokenizers (special tokens left out)."""
     special = set(tokenizer.all_special_ids)

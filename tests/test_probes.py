@@ -112,3 +112,36 @@ def test_bad_inputs_are_refused(tiny, tokenizer):
         probes.token_id(tokenizer, " Washington D.C.")
     with pytest.raises(ValueError, match="same length"):
         probes.patch_residual(tiny, [1, 2, 3], [1, 2], 5, 6)
+
+
+def test_feed_forward_ablation_controls(tiny, pair):
+    """Each row of the batched sweep ablates one layer's feed-forward block: it agrees with that layer ablated alone
+    (a hook of our own, written here again), and mean ablation by the prompt's own activations at every position
+    changes nothing."""
+    clean, _, good, bad = pair
+    L = tiny.config.num_hidden_layers
+    acts = probes.mlp_inputs(tiny, clean)  # (L, T, I)
+    assert acts.shape[:2] == (L, len(clean))
+    means = probes.mean_mlp_inputs(tiny, [clean, clean[:-2]])
+    for m in (None, means):
+        effects, base = probes.ablate_mlps(tiny, clean, good, bad, means=m)
+        assert effects.shape == (L,) and (effects != 0).any()
+        for layer in (0, L - 1):
+            def hook(mod, args):
+                return (torch.zeros_like(args[0]) if m is None else m[layer].expand_as(args[0]).to(args[0].dtype),)
+            handle = tiny.model.layers[layer].mlp.down_proj.register_forward_pre_hook(hook)
+            try:
+                logits = tiny(input_ids=torch.tensor([clean])).logits[0, -1]
+            finally:
+                handle.remove()
+            assert float(logits[good] - logits[bad]) - base == pytest.approx(float(effects[layer]), abs=1e-4)
+    short = clean[:1]  # one position: its mean activation is its own, so replacing it by the mean changes nothing
+    own = probes.mean_mlp_inputs(tiny, [short])
+    effects, _ = probes.ablate_mlps(tiny, short, good, bad, means=own)
+    assert effects.abs().max() < 1e-4
+
+
+def test_a_feed_forward_block_matters_for_the_real_answer(model, pair):
+    clean, _, good, bad = pair
+    effects, base = probes.ablate_mlps(model, clean, good, bad)  # zero ablation
+    assert base > 3 and float(effects.min()) < -base / 2  # some layer's block carries much of the answer

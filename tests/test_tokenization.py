@@ -96,3 +96,13 @@ def test_bpe_on_course_text():
     assert len(merges) == 50 and len(bpe_encode(text, merges)) < len(text.encode()) * 0.7
     with pytest.raises(ValueError):
         train_bpe(text, -1)
+
+
+def test_word_shapes_counts_whole_words_and_lone_marks(tokenizer):
+    from course_lib.tokenization import word_shapes
+    w = word_shapes(tokenizer, "Hi, you. Antidisestablishmentarianism!")
+    assert (w["words"], w["whole_words"], w["split_words"]) == (3, 2, 1)  # the long word takes several tokens
+    assert (w["punctuation"], w["punctuation_alone"]) == (3, 3)
+    code = word_shapes(tokenizer, "if f(x): return g()")
+    assert code["punctuation_merged"] >= 2  # "():" and "()" come merged, not one mark per token
+    assert code["punctuation"] == code["punctuation_alone"] + code["punctuation_merged"] == 5

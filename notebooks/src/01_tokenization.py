@@ -157,6 +157,25 @@ for name in ("model", "cl100k"):
 # Words are not even well defined for Chinese, which has no spaces: characters per token is the
 # fairer measure there. A rule of thumb for English prose does not transfer.
 #
+# **"Tokens are syllable-sized pieces", "punctuation is its own token."** Both are often said. Count them
+# with the tokenizer's own offsets: how many words one token covers whole (its leading space included),
+# and how many punctuation marks sit in a token of their own:
+
+# %%
+from course_lib.tokenization import word_shapes
+
+for name in ("english_prose", "french", "python_code"):
+    w = word_shapes(tokenizer, TEXTS[name])
+    print(f"{name:<14} {w['whole_words'] / w['words']:6.1%} of {w['words']} words are one whole token | "
+          f"{w['punctuation_alone']} of {w['punctuation']} punctuation marks have a token to themselves")
+
+# %% [markdown]
+# In this English prose nearly every word is one token: common English words are in the vocabulary
+# whole, so a token is a word far more often than a syllable; only rarer words split. French, with less of
+# its vocabulary learned, splits many more words. Punctuation in prose is mostly alone, while code merges
+# marks into pairs and runs (`()`, `):`, `==`): the claim holds for prose, not for code. These are three
+# short texts; the counts are this run's, on the files in `data/texts/`.
+#
 # **A cost calculator.** Change the price (in dollars per million tokens) and the text:
 
 # %%

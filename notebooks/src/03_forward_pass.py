@@ -199,10 +199,11 @@ for layer in [0, 1, 14, 29]:
 # ## 7. What a forward pass costs
 #
 # Each weight in a matrix product is used once per token, for a multiply and an add: about **2
-# floating-point operations per weight per token**. The embedding lookup is not a product, but the
-# output head is: a full vocabulary x hidden product for every token. Tied to the embedding, its
-# weights are counted once among the parameters, yet the work is done, so `flops_per_token` counts it
-# (leaving it out would make the figure about 21% low). Against the measured time:
+# floating-point operations per weight per token**. The embedding lookup is free (a row is copied, nothing
+# is multiplied); the output head is the same matrix used as a product, a full vocabulary x hidden product for
+# every token. So with tied weights the count is simply 2 x all parameters: the matrix is stored once and
+# multiplied once. Attention's own products over the earlier tokens (scores and weighted sums) come on top
+# and grow with the context; `flops_per_token` leaves them out. Against the measured time:
 
 # %%
 flops = flops_per_token(total, cfg.vocab_size * cfg.hidden_size)
@@ -213,9 +214,41 @@ print(f"1 token: {one.best * 1000:.1f} ms -> {flops / one.best / 1e9:.1f} GFLOP/
 print(f"{len(ids) * 8} tokens in one pass: {many.best * 1000:.1f} ms -> {flops * len(ids) * 8 / many.best / 1e9:.1f} GFLOP/s")
 
 # %% [markdown]
-# One token at a time uses the hardware poorly: the time goes into reading the weights, not into
-# arithmetic. Many tokens in one pass reuse each weight many times and reach a much higher rate.
-# This gap is the whole story of prefill against decode (lesson 08).
+# One token at a time uses the hardware poorly: on this CPU the time goes into reading the weights, not
+# into arithmetic (lesson 08 measures both ceilings); on a GPU at batch 1 it goes mostly into launching
+# thousands of small operators. Many tokens in one pass reuse each weight many times and reach a much
+# higher rate. This gap is the whole story of prefill against decode (lesson 08).
+#
+# **How many matrix products, and how big?** "Each layer does millions of matrix multiplications" is a
+# common way to put it. Count them in one block of this model, for one token at a context of 100 tokens:
+
+# %%
+layer0 = model.model.layers[0]
+products = {name: getattr(getattr(layer0, part), name).weight.shape for part, names in
+            [("self_attn", ["q_proj", "k_proj", "v_proj", "o_proj"]), ("mlp", ["gate_proj", "up_proj", "down_proj"])]
+            for name in names}
+for name, (out_f, in_f) in products.items():
+    print(f"{name:<10} {in_f:>5} -> {out_f:>5}: {out_f * in_f:>9,} multiply-adds per token")
+heads, head_dim, context = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads, 100
+print(f"attention: 2 products per head (scores, weighted sum) x {heads} heads, "
+      f"{2 * head_dim * context:,} multiply-adds each per token at {context} tokens of context")
+print(f"-> {len(products) + 2 * heads} matrix products per block per token; "
+      f"{sum(o * i for o, i in products.values()) + 2 * heads * head_dim * context:,} multiply-adds in all")
+
+# %% [markdown]
+# So a block runs a few dozen matrix products (seven with weights, two per head for attention), each with
+# hundreds of thousands to millions of multiply-adds: millions of *operations*, not millions of
+# *multiplications of matrices*. The same rule on a much larger published design, Llama 3 70B (70.6 B
+# parameters, vocabulary 128,256, hidden 8,192, its output head not tied to the embedding):
+
+# %%
+big = flops_per_token(int(70.6e9), 128_256 * 8_192, tied=False)  # the lookup is free, the separate head is counted
+print(f"Llama 3 70B: about {big / 1e9:.0f} GFLOP per token ({big / 2e9:.0f} billion multiply-adds); "
+      f"a {len(ids)}-token prompt: {big * len(ids) / 1e12:.1f} TFLOP; this model: {flops / 1e6:.0f} MFLOP per token")
+
+# %% [markdown]
+# About 140 billion operations per token for the 70B model: trillions only for a whole prompt or answer.
+# Lesson 08 turns the bytes behind it into seconds per token on this machine.
 
 # %% [markdown]
 # ---

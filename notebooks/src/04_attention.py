@@ -292,6 +292,35 @@ print(f"heads in both top fives: {sorted(shared)}")
 # looks at France gets the country some other way (from earlier layers' work at the last position). Only
 # the left map is about what the answer depends on, and only for this metric.
 #
+# **And the feed-forward blocks?** A common explanation says attention moves information between
+# positions while the feed-forward blocks "retrieve facts". Test it on this fact the same way: replace one
+# layer's feed-forward output by its mean over the same reference prompts, layer by layer, and beside it a
+# second fact (the capital of Japan, Tokyo against Berlin), so that a block every answer needs is not
+# mistaken for one that holds this fact.
+
+# %%
+mlp_means = probes.mean_mlp_inputs(model, reference)  # (L, intermediate)
+mlp_effects, _ = probes.ablate_mlps(model, clean, paris, berlin, mlp_means)  # (L,)
+japan = probes.answer_ids(tokenizer, "What is the capital of Japan?", "The capital of Japan is")
+tokyo = probes.token_id(tokenizer, " Tokyo")
+japan_effects, japan_base = probes.ablate_mlps(model, japan, tokyo, berlin, mlp_means)
+print(f"Paris - Berlin, clean: {base:.2f} | Tokyo - Berlin on the Japan prompt, clean: {japan_base:.2f}")
+for layer in sorted(range(len(mlp_effects)), key=lambda i: float(mlp_effects[i]))[:5]:
+    fr, jp = float(mlp_effects[layer]), float(japan_effects[layer])
+    kind = "needed by both facts" if jp < 0 and min(fr, jp) / max(fr, jp) < 2 else "mostly this fact's"
+    print(f"feed-forward of layer {layer:>2}: France fact {fr:+6.2f}, Japan fact {jp:+6.2f} -> {kind}")
+print(f"largest single-head effect on the France fact: {float(effects.min()):+.2f}")
+
+# %% [markdown]
+# Read the lines: a block whose removal costs both facts about as much (within a factor of two) is needed
+# by both, and may hold nothing about France in particular: the first layer's feed-forward block, for one,
+# is known to act as part of the embedding. A block whose removal costs one fact far more than the other is
+# a better candidate for where that fact is stored. Compare the sizes too: a feed-forward block can weigh
+# far more than any single head (last line). So this test does not settle "the feed-forward blocks retrieve
+# facts": it says which blocks this answer needs and which of them are shared with another answer, for one
+# metric and one kind of ablation. (Lesson 12 finds one layer far more sensitive to rounding than the
+# others; compare its number with these.)
+#
 # **Patching.** Now run the Germany prompt, and at one layer and one position replace the residual stream
 # (the vector the blocks add to) with the France run's. 0 means nothing came back, 1 means the whole clean
 # answer did. Positions before the first "Germany" are the same in both runs, so a patch there cannot

@@ -119,6 +119,39 @@ plt.show()
 # kernels slower than the best case on these shapes, and the fixed cost of thirty layers of small operations
 # launched from Python (lesson 11 measures it).
 #
+# **A 70B model on this machine?** The same rule gives a floor for a model this course cannot run here: a
+# decode step reads every weight once, so it takes at least the weights' bytes over the reading rate just
+# measured (and the weights must fit in memory first):
+
+# %%
+import os
+
+ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("nan")
+for fmt, bytes_per_weight in [("bfloat16", 2.0), ("4-bit, llama.cpp's Q4_K_M (about 4.8 bits)", 4.8 / 8)]:
+    b = 70.6e9 * bytes_per_weight
+    print(f"Llama 3 70B in {fmt}: {b / 1e9:.0f} GB per token -> at least {b / read_bw:.1f} s per token here "
+          f"({'fits' if b < ram else 'does not fit'} in this machine's {ram / 1e9:.0f} GB of memory)")
+
+# %% [markdown]
+# Seconds per token, not minutes, if the weights fit: a floor, since the roofline's table shows decode reaching
+# only part of the reading ceiling. The same bytes are why a 70B model is served from GPUs, whose memory reads
+# terabytes per second, and why quantized formats (lesson 12) matter so much on a CPU.
+#
+# **Why output tokens are priced higher than input tokens.** Providers bill per token, and most charge
+# more for an output token than for an input one (their price lists say by how much). Sections 1 and 2
+# measured one reason: a prompt token goes through the model with hundreds of others in one pass, an
+# answer token alone.
+
+# %%
+input_s = prefill_s[-1] / lengths[-1]  # machine time per prompt token, in the longest prefill
+output_s = decode_s[-1]  # per answer token, at the longest context measured
+print(f"machine time per input token {input_s * 1000:.2f} ms, per output token {output_s * 1000:.1f} ms: "
+      f"{output_s / input_s:.0f}x more per output token, on this machine, at batch 1")
+
+# %% [markdown]
+# A server batches many users' answer tokens into each decode step (lesson 09), which narrows the gap; the
+# ratio of machine time is one reason for the price gap, not the whole of it.
+#
 # ## 4. Long context: is it the bytes?
 #
 # Each decode step also reads the whole KV cache, so a step should cost a little more per cached token: the

@@ -45,6 +45,23 @@ reply = client.chat.completions.create(
 print(repr(reply.choices[0].message.content), "| finish:", reply.choices[0].finish_reason, "|", reply.usage)
 
 # %% [markdown]
+# **What the server sees.** The client turned those messages into one HTTP request. Here are the bytes it
+# sends, captured by an event hook on the way out:
+
+# %%
+sent = []
+with httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]}) as raw:
+    raw.post(server.url + "/v1/chat/completions", json={"model": "smollm2-135m-instruct", "max_tokens": 1,
+             "messages": [{"role": "user", "content": "My card number is 4111 1111 1111 1111."}]})
+print(server.url.split(":")[0], "request body:", sent[0].decode())
+
+# %% [markdown]
+# Plain text: this server speaks plain HTTP, and only on 127.0.0.1, so the bytes never leave the machine. A
+# provider's API is reached over HTTPS, where TLS encrypts these bytes between your computer and the
+# provider's servers, so nobody on the network can read them. It does not hide them from the provider:
+# the server decrypts the request and must read the text to tokenize it (lesson 02 built that context from
+# the messages). What a provider keeps, logs or trains on is a matter of its policy, not of the protocol.
+#
 # ## 2. Streaming: words as they are generated
 #
 # With `stream=True` the server sends **server-sent events**: one small JSON chunk per piece of text,
@@ -174,11 +191,11 @@ print("pool:", httpx.get(paged_server.url + "/health").json()["kv_blocks"])
 paged_server.stop()
 
 # %% [markdown]
-# vLLM and SGLang are the production versions of that mechanism. What they add: attention kernels that
-# read keys and values from the blocks in place (ours gathers them into one tensor per layer first, a
-# copy per step), prefix sharing kept as a radix tree of token sequences (SGLang's RadixAttention; vLLM
-# hashes blocks in a chain, as lesson 13 does), prefill split into chunks and mixed with decode steps,
-# and one pool spread across many GPUs.
+# vLLM and SGLang are the production versions of that mechanism. What they add: fused GPU attention
+# kernels that read keys and values from the blocks in place (lesson 16 writes that read in plain torch), prefix
+# sharing kept as a radix tree of token sequences (SGLang's RadixAttention; vLLM hashes blocks in a chain, as
+# lesson 13 does), prefill chunks packed into the same model call as the decode rows (lesson 13 runs them as
+# separate calls in one step), and one pool spread across many GPUs.
 
 # %% [markdown]
 # ## 6. Stop the server
