@@ -48,7 +48,9 @@ def control_strings(tokenizer) -> list[str]:
 def _ids(tokenizer, text: str, as_text: bool = False) -> list[int]:
     """IDs of a piece of text; as_text: a control-token string in it is split into ordinary tokens (text a user
     typed), instead of becoming the control token (text the template wrote)."""
-    return tokenizer(text, add_special_tokens=False, split_special_tokens=as_text)["input_ids"]
+    # note: verbose=False: a prompt longer than the window is reported by the caller (request.check_request),
+    # not by the tokenizer's own warning about indexing errors
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=as_text, verbose=False)["input_ids"]
 
 
 def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
@@ -58,8 +60,8 @@ def context_ids(tokenizer, messages, add_generation_prompt: bool = True) -> list
     messages = validate_messages(messages)
     specials = control_strings(tokenizer)
     if not any(s in m["content"] for m in messages for s in specials):  # the common case: the template's own IDs
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                             return_dict=True)["input_ids"]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, return_dict=True,
+                                             tokenizer_kwargs={"verbose": False})["input_ids"]
     ids = []
     for piece, is_content in _split_contents(tokenizer, messages, add_generation_prompt):
         ids += _ids(tokenizer, piece, as_text=is_content)

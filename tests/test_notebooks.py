@@ -85,3 +85,7 @@ def test_notebook_runs_top_to_bottom(path, monkeypatch):
     shows = sum(c.source.count("plt.show()") for c in nb.cells if c.cell_type == "code")
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert images >= shows, f"{shows} plt.show() calls but {images} figures kept"
+    # an exercise check ending a cell prints its verdict line and shows nothing else (no bare True/False)
+    bare = [o["data"]["text/plain"] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if o.output_type == "execute_result" and o["data"].get("text/plain") in ("True", "False", "0", "1")]
+    assert not bare, f"{len(bare)} cells end by showing a bare {bare[0]}"

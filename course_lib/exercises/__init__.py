@@ -5,10 +5,21 @@ right or wrong, with a hint. One module per lesson (lesson00.py, ...); every che
 from __future__ import annotations
 
 
-def verdict(ok: bool, success: str, hint: str) -> bool:
+class Verdict(int):
+    """A check's result: true or false like a bool (tests assert it), but shown as nothing when it ends a notebook
+    cell, so the printed verdict line is not followed by a bare `False`."""
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def verdict(ok: bool, success: str, hint: str) -> Verdict:
     """Print a one-line verdict for the learner and return ok."""
     print(("✅ Correct: " + success) if ok else ("❌ Not yet: " + hint))
-    return ok
+    return Verdict(bool(ok))
 
 
 def safely(fn, *args):

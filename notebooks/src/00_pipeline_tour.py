@@ -208,7 +208,7 @@ print(repr(answer))
 
 # %%
 ax = plots.plot_step_times(list(times), list(times.values()),
-                           title=f"The eight steps on {device}, measured")
+                           title=f"The eight steps on {device}, measured (6 and 7 share a bar; step 1, receiving the prompt, is not timed)")
 plt.show()
 total = sum(times.values())
 print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens "
@@ -230,7 +230,7 @@ print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens
 # | 6-8 Loop, stop, detokenize, stream | 06 generation and streaming |
 # | The loop made fast | 07 KV cache, 08 prefill and decode, 09 batching |
 # | 1 and 8 over the network | 10 serving |
-# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 14 speculative decoding; 15 structured output |
+# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 13 a server's memory (paged KV cache); 14 speculative decoding; 15 structured output; 16 attention kernels; 17 long context |
 
 # %% [markdown]
 # ---

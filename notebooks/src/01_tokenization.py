@@ -216,7 +216,7 @@ for text in ["café", "東京タワー", "👨‍👩‍👧 family", "  two spa
 # %%
 merges = train_bpe(TEXTS["english_prose"], num_merges=200)
 vocab = bpe_vocab(merges)
-print(f"learned {len(merges)} merges; the first twenty:")
+print(f"learned {len(merges)} merges of the 200 asked for (training stops when no pair occurs twice); the first twenty:")
 print([vocab[new_id].decode("utf-8", "replace") for _, new_id in merges[:20]])
 
 # %% [markdown]

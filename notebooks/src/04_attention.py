@@ -210,8 +210,9 @@ plt.show()
 print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, secs[1:])])
 
 # %% [markdown]
-# Read the ratios: a cost linear in T would give 2 per doubling; the T by T score matrix gives about 4
-# (memory-cache effects can push a measured ratio higher or lower on a given machine). This quadratic term is why very long contexts are expensive.
+# Read the ratios: a cost linear in T would give 2 per doubling; the T by T score matrix should give about
+# 4. Measured ratios scatter around it (caches, a busy machine): read the trend over several doublings,
+# not one ratio. This quadratic term is why very long contexts are expensive.
 #
 # Does the KV cache (lesson 07) remove it? No. The cache saves recomputing the past tokens' projections
 # and feed-forward; but each new token still attends over every cached key and value, so one decode step's

@@ -141,7 +141,8 @@ handle.update(Markdown(shown))
 
 # %% [markdown]
 # Streaming is not a display trick: the pieces are sent as the loop produces them, one decode step
-# apart. The next section measures that rhythm.
+# apart. The next section measures that rhythm. (If the story starts repeating a sentence, that is greedy
+# decoding on a small model: lesson 05's repetition penalty and sampling are the usual remedies.)
 #
 # ## 5. Time to first token, and the gaps between tokens
 #

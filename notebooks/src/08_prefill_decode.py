@@ -222,7 +222,8 @@ print(f"one decode step runs {profile['aten_calls_per_step']:.0f} torch operator
 # ---
 # ## Summary
 #
-# - Prefill processes the whole prompt in one pass; its tokens per second grow with prompt length.
+# - Prefill processes the whole prompt in one pass; its tokens per second grow with prompt length up to a
+#   point (section 1 printed where it stopped growing here).
 # - Decode produces one token per pass and must read every weight each time: about half an operation per byte
 #   in float32, far left of this machine's ridge point, so memory is its ceiling (section 3 printed how much of
 #   it decode used).

@@ -99,7 +99,8 @@ plt.show()
 
 # %% [markdown]
 # Read the two curves. Each decode step reads all the weights once whatever the batch size (lesson 08),
-# so extra rows ride along almost for free at first: throughput climbs while latency grows slowly.
+# so extra rows should ride along cheaply at first: throughput climbs while latency grows more slowly (the
+# printed rows say what each doubling cost in latency here; on a busy machine the first can cost the most).
 # On a 2-core CPU the arithmetic soon becomes the limit and latency rises with the batch; on a GPU the
 # free ride lasts much longer. "Waiting to fill a batch increases latency but improves throughput" is
 # what these two curves measure.

@@ -87,7 +87,11 @@ body = {"messages": [{"role": "user", "content": "What is the capital of France?
 with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
     for line in response.iter_lines():
         if line:
-            print(line[:110])
+            if line.startswith("data: {"):  # the chunk's text is in choices[0].delta; drop the id and timestamp
+                chunk = json.loads(line[len("data: "):])
+                print("data:", json.dumps({"choices": chunk["choices"]}, ensure_ascii=False))
+            else:
+                print(line)
 
 # %% [markdown]
 # Streaming here is not a display effect: each event leaves the server one decode step after the
@@ -167,7 +171,7 @@ print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clam
 # |---|---|---|---|
 # | PagedAttention: KV cache in blocks, allocated as needed | yes | yes | 07: the KV budget; 13 builds it |
 # | Continuous batching of incoming requests | yes | yes | 09: static against continuous; this server's engine |
-# | Quantization (GPTQ, AWQ, bitsandbytes...) | yes | yes | 03 and 08: bytes per weight; decode reads every weight |
+# | Quantization (GPTQ, AWQ, bitsandbytes...) | yes | yes | 08: decode reads every weight; 12 builds the formats |
 # | CUDA graphs / custom CUDA kernels | yes | yes | 08: kernel-launch overhead at batch 1 |
 # | Tensor parallelism across GPUs | yes | yes | 07: weights and caches that outgrow one GPU |
 # | Streaming outputs, OpenAI-compatible API | yes | yes | 06 and this lesson |

@@ -63,8 +63,8 @@ print("largest difference from the library:", float((x[0] - library["embedding"]
 # %%
 layer0 = ours.layers[0]
 h = m.norm(x, layer0.attn_norm, ours.eps)  # (1, T, hidden)
-print("root-mean-square before:", float(x[0, -1].pow(2).mean().sqrt()), "| after (weight aside):",
-      float((h[0, -1] / layer0.attn_norm).pow(2).mean().sqrt()))
+print(f"root-mean-square before: {float(x[0, -1].pow(2).mean().sqrt()):.4f} | after (weight aside): "
+      f"{float((h[0, -1] / layer0.attn_norm).pow(2).mean().sqrt()):.4f}")
 print("largest difference from the library:", float((h[0] - library["norm0"]).abs().max()))
 
 # %% [markdown]

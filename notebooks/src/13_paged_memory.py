@@ -375,9 +375,9 @@ else:
 # - prompt chunks and decode rows packed into one call (section 6 runs them as two calls in one step),
 #   blocks swapped to CPU memory, copy-on-write for parallel samples, and one pool spread over many GPUs.
 #
-# Seed 002 gives a full server two options: turn new requests away, or drop older conversations.
-# Section 4 measured a third, the one vLLM uses by default: pause a request and recompute it later,
-# losing none.
+# Lesson 07's simulation gave a full server three options: turn new requests away, drop older
+# conversations, or pause one and recompute it later. Section 4 measured the first, the third (vLLM's
+# default) and reserve-and-wait, on real blocks and the real model.
 #
 # ## Summary
 #

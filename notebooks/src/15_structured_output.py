@@ -17,7 +17,8 @@
 # The grammar engine is **llguidance** (a Rust library on PyPI, CPU only, offline; one of the engines behind
 # the JSON modes of llama.cpp and vLLM). We measured three on this lesson's schema
 # (`data/benchmarks/grammar-engines-cpu-2026-12-01.json`): all three compile it in about a third of a
-# second and compute a mask in microseconds, far below a decode step; xgrammar adds about 1 GB to the
+# second and compute a mask in well under a millisecond (this lesson prints ours, unpacking included), far below
+# a decode step; xgrammar adds about 1 GB to the
 # environment (it requires triton), outlines-core 5 MB, llguidance 7 MB. We chose llguidance for its small
 # install and its JSON Schema coverage: it enforced every schema of the tests (string lengths, patterns,
 # number bounds, enums, nested objects, arrays); the other two were not run on those.
