@@ -171,9 +171,12 @@ def plot_gaps(gaps_seconds: list[float], ax=None, title: str = "Inter-token late
 
 
 def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line: bool = False, label=None):
-    """A measured curve with markers; optionally a least-squares line through it."""
+    """A measured curve with markers; optionally a least-squares line through it. The y axis starts at 0 for
+    positive data, so a rise of a few percent is not drawn across the whole panel."""
     ax = axes_or_new(ax)
     ax.plot(xs, ys, "o-", markersize=4, label=label)
+    if min(ys) >= 0:
+        ax.set_ylim(0, max(ys) * 1.1 or 1)
     if fit_line and len(xs) > 1:
         import numpy as np
         slope, intercept = np.polyfit(xs, ys, 1)

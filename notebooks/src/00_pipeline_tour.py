@@ -273,8 +273,8 @@ ex.check_next_token(next_token, model, tokenizer)
 
 # %% [markdown]
 # **3.** Write `answer(question)` that runs the whole pipeline: a chat template with only the user's
-# question (no system message), the generation prompt, `generate(...)` with `max_new_tokens=48`,
-# and returns the decoded text.
+# question (no system message of yours: the template adds its own default one, lesson 02 shows it), the
+# generation prompt, `generate(...)` with `max_new_tokens=48`, and returns the decoded text.
 
 # %%
 def answer(question):

@@ -220,8 +220,8 @@ print(f"learned {len(merges)} merges of the 200 asked for (training stops when n
 print([vocab[new_id].decode("utf-8", "replace") for _, new_id in merges[:20]])
 
 # %% [markdown]
-# The first merges are the commonest pairs of English: a letter plus a space, "the", "ing", "ed".
-# Now tokenize words with those merges: frequent words become one or two pieces, rare ones stay in bits.
+# The first merges are the commonest neighbouring pairs of this one short text: read the printed list (a
+# letter next to a space, pieces of "the", endings). Now tokenize words with those merges: frequent words become one or two pieces, rare ones stay in bits.
 
 # %%
 for word in [" the train", " station", " conductor", " Unbelievable"]:

@@ -47,8 +47,9 @@ print(f"positions: rotary (theta = {cfg.rope_parameters['rope_theta']:,.0f}) | n
 # RMSNorm → SwiGLU feed-forward → add back) → final **RMSNorm** → **output head** (a matrix that
 # scores every vocabulary entry; here it *is* the embedding matrix, reused).
 #
-# The weights are the model's 4-bit release (the GGUF file set-up fetched) expanded to float32: each
-# value below is one of 16 levels of its block of 32, written out in 32 bits (lesson 12 shows it).
+# The weights are the model's quantized release (the GGUF file set-up fetched) expanded to float32: each
+# layer matrix holds, per block of 32 values, one of 16 levels; the embedding (which is also the output head)
+# one of 255 levels per block of 32 (8 bits); the norms are plain float32. Lesson 12 reads the blocks.
 #
 # Where are the parameters? Counted from the loaded model:
 
@@ -64,7 +65,8 @@ plt.show()
 # published configuration of Llama 3 70B (vocabulary 128,256, hidden size 8,192, 70.6 B parameters):
 
 # %%
-print(f"embedding share here: {parts[0][1] / total:.1%} | in Llama 3 70B: {128_256 * 8_192 / 70.6e9:.1%}")
+print(f"embedding share here: {parts[0][1] / total:.1%} (also the output head: tied) | in Llama 3 70B: "
+      f"{128_256 * 8_192 / 70.6e9:.1%}, and as much again for its separate output head")
 
 # %% [markdown]
 #

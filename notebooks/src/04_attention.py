@@ -223,7 +223,8 @@ print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, se
 from course_lib.measure.bench import decode_seconds
 short, long = decode_seconds(model, tokenizer, [64, 1024], steps=4)
 print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.1f} ms with 1,024; "
-      f"the extra attention over the longer cache is {(long - short) / long:.0%} of the long step")
+      f"the longer cache costs {(long - short) * 1000:+.1f} ms per step "
+      f"({'more' if long > short else 'no more, within this run noise'})")
 
 # %% [markdown]
 # ## 8. Where it looks is not what it uses

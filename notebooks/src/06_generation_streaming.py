@@ -101,8 +101,10 @@ print("pieces with a replacement character �:", sum("\ufffd" in p for p in pie
 #
 # ## 4. Streaming that never breaks a character
 #
-# The fix: keep the token IDs, decode the whole sequence so far, and only send text once its last
-# character is complete. `IncrementalDecoder` does this in about ten lines:
+# The fix: keep the token IDs, decode what has arrived, and only send text once its last character is
+# complete. `IncrementalDecoder` (in `course_lib/request.py`, about twenty lines) does it in constant time per
+# token: it decodes only a short window of recent tokens, with two offsets (where the window starts, and how
+# much of it was already sent):
 
 # %%
 decoder = IncrementalDecoder(tokenizer)

@@ -89,7 +89,7 @@ ns = [8, 16, 32, 64, 128, 256, 512]
 ax = plots.plot_xy(ns, [positions_processed(len(prompt), n, False) for n in ns], "new tokens",
                    "token positions processed", label="no cache (quadratic)")
 plots.plot_xy(ns, [positions_processed(len(prompt), n, True) for n in ns], "new tokens", "token positions processed",
-              ax=ax, label="KV cache (linear)", title="Work to generate N tokens (counted, not timed)")
+              ax=ax, label="KV cache: positions through the weights (linear)", title="Work to generate N tokens (counted, not timed)")
 ax.legend()
 plt.show()
 
@@ -154,7 +154,8 @@ plt.show()
 # key/value heads), at 128k tokens, in bfloat16.
 
 # %%
-designs = {"this model (30 L, 3 KV heads, D 64)": (30, 3, 64), "70B-class, GQA (80 L, 8 KV, D 128)": (80, 8, 128),
+L, KV, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+designs = {f"this model ({L} L, {KV} KV heads, D {D})": (L, KV, D), "70B-class, GQA (80 L, 8 KV, D 128)": (80, 8, 128),
            "70B-class, full MHA (80 L, 64 KV, D 128)": (80, 64, 128)}
 for name, (layers, kv, d) in designs.items():
     per_token = kv_bytes_per_token(layers, kv, d, 2)
@@ -162,8 +163,9 @@ for name, (layers, kv, d) in designs.items():
 
 # %% [markdown]
 # At 128k tokens a single conversation's cache is tens of GiB with grouped-query attention and eight
-# times more without it. This is why long contexts are limited by memory, and why every request's cache
-# competes with the weights for the same GPU memory.
+# times more without it. The window itself is set by training (lesson 02: 8,192 positions here); what memory
+# limits is how many long conversations a server can hold at once, since every request's cache competes with
+# the weights for the same GPU memory.
 #
 # ## 6. A fixed KV budget: reject, evict, or preempt?
 #

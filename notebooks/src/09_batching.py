@@ -101,9 +101,13 @@ plt.show()
 # Read the two curves. Each decode step reads all the weights once whatever the batch size (lesson 08),
 # so extra rows should ride along cheaply at first: throughput climbs while latency grows more slowly (the
 # printed rows say what each doubling cost in latency here; on a busy machine the first can cost the most).
-# On a 2-core CPU the arithmetic soon becomes the limit and latency rises with the batch; on a GPU the
-# free ride lasts much longer. "Waiting to fill a batch increases latency but improves throughput" is
-# what these two curves measure.
+# On a 2-core CPU the arithmetic soon becomes the limit and latency rises with the batch; a GPU, with far more
+# arithmetic per byte read, should keep the ride cheap to much larger batches (not measured here: no GPU run is
+# committed). What these curves measure is "a bigger batch makes each step slower but produces more per
+# second". The seed's "waiting to fill a batch" is something else, a queue: requests arriving one by one and
+# held back until a batch forms. Here all B requests start together and nobody waits for a batch to fill; in
+# section 3 requests wait for a free slot, and lesson 13's server load measures waiting under a stream of
+# arrivals.
 #
 # **"Batching is how a few GPUs serve millions of users."** Put numbers on it with this machine's rows. A
 # person reads about 5 tokens a second (roughly 4 words); a streaming answer that keeps up with them is

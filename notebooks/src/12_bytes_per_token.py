@@ -138,7 +138,9 @@ plt.show()
 
 # %% [markdown]
 # Points near the line are bound by memory; points far above it are bound by something else: the
-# kernel itself. Each kernel has its own rate on this model's shapes: 256 MB of copies of the four shapes,
+# kernel itself. The extreme case is `int4-float32`: the same 4-bit bytes as `int4`, but torch's 4-bit CPU
+# kernel is built for bfloat16 activations, and with float32 ones it takes many times longer per row (the
+# table printed both); `int4` exists because of it. Each kernel has its own rate on this model's shapes: 256 MB of copies of the four shapes,
 # called in turn after the caches were flushed, as a decode step calls its layers:
 
 # %%

@@ -10,7 +10,7 @@
 # **You will**
 # - measure the memory a contiguous cache reserves against what a paged one holds, on one trace;
 # - read a block table, and see a long document's blocks shared by several questions;
-# - time the first token with and without a prefix hit, and run a full pool under two policies;
+# - time the first token with and without a prefix hit, and run a full pool under three policies;
 # - watch a long prompt stall the running requests, then read it in chunks within a token budget, and
 #   replay a small mixed load against the server both ways.
 
