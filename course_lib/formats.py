@@ -13,6 +13,10 @@ with min/max per block of 32 gives those very blocks back (tests/test_formats.py
 the file), so the 4-bit formats lose nothing but rounding.
 What it does not do: calibrate, quantize activations or the KV cache, or run the 4-bit kernel on a GPU
 (torch's is a CPU kernel; CUDA gets float32, bfloat16 and int8-cast).
+Note: the fused kernels are torch's private operators (`torch._weight_int8pack_mm`,
+`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`): they may change between
+releases, which the pinned torch (2.13.0) guards against; tests/test_formats.py checks each against its
+dequantized weights.
 """
 from __future__ import annotations
 

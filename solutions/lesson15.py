@@ -8,7 +8,7 @@ def yes_no_allowed(text_so_far):
     texts = token_texts(tokenizer)
     answers = ["yes", "no"]
     ids = [i for i, t in enumerate(texts) if t and any(a.startswith(text_so_far + t) for a in answers)]
-    return ids + ([2] if text_so_far in answers else [])
+    return ids + ([tokenizer.convert_tokens_to_ids("<|im_end|>")] if text_so_far in answers else [])
 
 
 def allowed_after_age():

@@ -14,12 +14,12 @@ def check_yes_no(yes_no_allowed, tokenizer) -> bool:
         ok, got = safely(yes_no_allowed, text)
         if not ok:
             return verdict(False, "", got)
-        mask = ChoiceMask(tokenizer, 2, ["yes", "no"])
+        mask = ChoiceMask(tokenizer, tokenizer.convert_tokens_to_ids("<|im_end|>"), ["yes", "no"])
         mask.text = text
         want = set(mask.allowed().nonzero().flatten().tolist())
         if set(got or []) != want:
             return verdict(False, "", f"after {text!r} you allowed {len(set(got or []))} tokens, the rule allows {len(want)}. "
-                           "Hint: token t is allowed if text + texts[t] starts one of the answers; ID 2 only if text is one")
+                           "Hint: token t is allowed if text + texts[t] starts one of the answers; the end-of-turn ID (END) only if text is one")
     return verdict(True, "your mask matches course_lib's ChoiceMask at every step", "")
 
 

@@ -98,7 +98,7 @@ GROUPS = {
     "matrix products": ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul", "aten::_weight_int"),
     "attention": ("aten::_scaled_dot_product", "aten::scaled_dot_product", "aten::_flash_attention", "aten::softmax",
                   "aten::_softmax", "aten::baddbmm"),
-    "norms": ("aten::rsqrt", "aten::pow", "aten::mean"),
+    "norms": ("aten::rsqrt", "aten::pow", "aten::mean", "aten::rms_norm", "aten::_fused_rms_norm"),
     "cache and copies": ("aten::copy_", "aten::cat", "aten::index", "aten::slice", "aten::narrow", "aten::fill_",
                          "aten::zeros", "aten::empty", "aten::clone", "aten::contiguous", "aten::_to_copy"),
 }

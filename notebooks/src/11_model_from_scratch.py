@@ -78,7 +78,8 @@ print("largest difference from the library:", float((h[0] - library["norm0"]).ab
 # %%
 from course_lib.attention import apply_rotary
 D = ours.head_dim
-q_raw, k_raw = layer0.qkv(h)[0, -1, :D], layer0.qkv(h)[0, -1, 9 * D:10 * D]  # head 0's query, kv head 0's key
+H = ours.heads  # the fused output holds H query heads, then the key heads, then the value heads
+q_raw, k_raw = layer0.qkv(h)[0, -1, :D], layer0.qkv(h)[0, -1, H * D:(H + 1) * D]  # head 0's query, kv head 0's key
 turn = lambda v, p: apply_rotary(v[None], ours.cos[p:p + 1], ours.sin[p:p + 1])[0]  # noqa: E731
 print("position 0 changes the vector by", float((turn(q_raw, 0) - q_raw).abs().max()))
 for p in [5, 50, 500, 5000]:
@@ -98,9 +99,9 @@ for p in [5, 50, 500, 5000]:
 T = len(ids)
 positions = torch.arange(T, device=ours.device)[None]  # (1, T)
 cos, sin = ours.cos[positions].unsqueeze(1), ours.sin[positions].unsqueeze(1)  # (1, 1, T, D)
-a = m.attention(ours, layer0, 0, h, cos, sin, None, 0, None)  # (1, T, hidden), no cache yet
+a = m.attention(ours, layer0, 0, h, cos, sin, cache=None, start=0, mask=None)  # (1, T, hidden), no cache yet
 print("attention output:", tuple(a.shape), "| largest difference:", float((a[0] - library["attention0"]).abs().max()))
-b = m.block(ours, 0, x, cos, sin, None, 0, None)  # x + attention, then + feed-forward (SwiGLU)
+b = m.block(ours, 0, x, cos, sin, cache=None, start=0, mask=None)  # x + attention, then + feed-forward (SwiGLU)
 print("block 0 output:  ", tuple(b.shape), "| largest difference:", float((b[0] - library["block0"]).abs().max()))
 
 # %% [markdown]
@@ -111,7 +112,7 @@ print("block 0 output:  ", tuple(b.shape), "| largest difference:", float((b[0] 
 
 # %%
 for i in range(len(ours.layers)):
-    x = m.block(ours, i, x, cos, sin, None, 0, None)
+    x = m.block(ours, i, x, cos, sin, cache=None, start=0, mask=None)
 print("after 30 blocks, largest difference:", float((x[0] - library["stack"]).abs().max()))
 logits = m.head(ours, x)[0]  # (T, V)
 print("logits", tuple(logits.shape), "| largest difference at any position:",
@@ -165,13 +166,14 @@ story = story_ids(tokenizer)
 result = race(ours, model, tokenizer, story, n_new=64, repeats=2)
 print("same tokens:", result["same_tokens"], f"| ours {result['tokens_per_s']:.1f} tok/s, "
       f"model.generate {result['generate_tokens_per_s']:.1f} tok/s, ratio {result['ratio']:.2f}")
+print(f"weights read per token by either: {ours.weight_bytes() / 1e6:.0f} MB")
 print(tokenizer.decode(result["token_ids"])[:300])
 plots_perf.plot_race(["model.generate", "ours"], [result["generate_tokens_per_s"], result["tokens_per_s"]])
 plt.show()
 
 # %% [markdown]
-# Both read the same 538 MB of weights per token, and at a short context that read is nearly the whole
-# decode step (lesson 08). So if ours is faster here, it is not because of fewer Python calls: the weights
+# Both read the same weights per token (the number printed above), and at a short context that read is
+# most of the decode step (lesson 08; section 9 splits the step). So if ours is faster here, it is not because of fewer Python calls: the weights
 # are being read faster. The next section shows how the same bytes can be read faster.
 #
 # ## 8. The same bytes, read in another order
@@ -218,16 +220,19 @@ del by_rows  # its fused matrices are a copy: about 280 MB
 
 # %% [markdown]
 # Read the numbers from your run. On the machine this lesson was written on (an AMD CPU, torch's MKL
-# build), q|k|v, gate|up and the head were 1.5 to 2 times faster by columns while the down projection was
-# slower, and the layout made decode 1.3 to 1.4 times faster; by rows, ours was only a little ahead of
+# build), q|k|v, gate|up and the head were faster by columns while the down projection was slower, and
+# the layout made decode faster as a whole (the committed bench's `engine.layout_speedup` records it); by
+# rows, ours was only a little ahead of
 # `model.generate` (fused matrices, fewer operators per step). Your CPU and BLAS may differ: if every
 # matrix stays by rows, both orders read equally fast there and the two versions tie. Engines do this on
 # purpose: llama.cpp and oneDNN repack weights at load time into the order their kernels stream best.
 # It sharpens lesson 08: bytes per token set the floor, and how the kernel walks those bytes decides
 # how close a step gets to it.
 #
-# The cache shows its design as the context grows. The library's cache grows by concatenation (a new,
-# longer tensor every step); ours was allocated once. Here is a decode step after a 1,000-token prompt
+# The cache shows its design as the context grows. The library's default cache (`DynamicCache`, what
+# `model.generate` uses unless told otherwise) grows by concatenation (a new, longer tensor every step); ours
+# was allocated once. transformers also ships a preallocated `StaticCache`, made for compiled decoding; the
+# comparison here is with the default. Here is a decode step after a 1,000-token prompt
 # (the benchmark measures 4,000: `python -m course_lib bench --only engine`).
 
 # %%

@@ -16,8 +16,8 @@
 # %% [markdown]
 # ## Set-up
 #
-# One thread, set explicitly: the 4-bit kernel can slow down badly when two threads fight over two busy
-# cores, and a fixed thread count makes the formats comparable. (`python -m course_lib bench --only formats
+# One thread, set explicitly: a fixed thread count makes the formats comparable, and two threads on a busy
+# 2-core machine can get in each other's way (the committed peers record in section 7 has both counts). (`python -m course_lib bench --only formats
 # --threads N` measures any count.)
 
 # %%
@@ -52,8 +52,13 @@ print("threads:", torch.get_num_threads(), "| formats:", ", ".join(models))
 params = sum(p.numel() * p.element_size() for p in model.parameters())
 print(f"file on disk (GGUF, 4-bit layers, 8-bit embedding): {GGUF_BYTES / 1e6:6.1f} MB")
 print(f"model in memory (float32 parameters):             {params / 1e6:6.1f} MB")
+print(f"\n{'format':<13} {'activations':<12} {'layers':<10} {'head':<10} {'read per token':>15} {'in memory':>10}")
 for name, m in models.items():
-    print(f"read per token, {name:<13}                     {m.weight_bytes() / 1e6:6.1f} MB")
+    dtype, layers_kind, head_kind = formats.FORMATS[name]
+    # note: a quantized head is a second copy of the tied embedding, which the lookup keeps in the activations' dtype
+    lookup = m.embedding.numel() * m.embedding.element_size() if head_kind != "float" else 0
+    print(f"{name:<13} {str(dtype).split('.')[-1]:<12} {layers_kind:<10} {head_kind:<10} "
+          f"{m.weight_bytes() / 1e6:12.1f} MB {(m.weight_bytes() + lookup) / 1e6:7.1f} MB")
 
 # %% [markdown]
 # `int4-float32` reads more than `int4`: it keeps the head in float32 so that its numbers are exactly the
@@ -96,9 +101,12 @@ q, scale, low = formats.quantize_int4(w)
 print("layer 0's down, requantized, first block's q:", q[0, :32].tolist())
 
 # %% [markdown]
-# So the 4-bit formats of this lesson lose nothing against the course's float32 weights (only the float
-# rounding of the activations differs), and float32 is not a higher-precision original: no such copy of
-# SmolLM2 is installed here. That changes how quality has to be measured (section 5).
+# So `int4-float32` loses nothing against the course's float32 weights (only the float rounding of the
+# activations differs). `int4` keeps the file's 4-bit codes too, with two more roundings on top: torch's kernel
+# wants each block's scale and minimum in the activations' dtype, so they are re-stored in bfloat16 (8
+# significant bits against float16's 11), and its head is re-quantized from the file's Q8_0 blocks to int8 with
+# one scale per row. And float32 is not a higher-precision original: no such copy of SmolLM2 is installed
+# here. That changes how quality has to be measured (section 5).
 #
 # ## 3. A trap first: int8 that is slower than float32
 #

@@ -36,6 +36,7 @@ from course_lib.structured import (ChoiceMask, PatternMask, SchemaMask, MaskLog,
 
 model, tokenizer = course_lib.load_model()
 texts = token_texts(tokenizer)  # the decoded text of every token, computed once
+END = tokenizer.convert_tokens_to_ids("<|im_end|>")  # the end-of-turn token: allowed once an answer is complete
 print("vocabulary:", len(texts), "tokens | the receipts:", len(receipts()))
 print(json.dumps(RECEIPT_SCHEMA))
 
@@ -74,11 +75,11 @@ for text, answer in free.items():
 # %%
 log = MaskLog()
 q = chat_ids(tokenizer, "Is Paris the capital of France? Answer yes or no.")
-out = generate(model, tokenizer, q, 5, pick=masked_pick(ChoiceMask(tokenizer, 2, ["yes", "no"]), log=log))
+out = generate(model, tokenizer, q, 5, pick=masked_pick(ChoiceMask(tokenizer, END, ["yes", "no"]), log=log))
 print(repr(out.text), "| allowed tokens per step:", log.allowed, "| probability removed:", [round(m, 3) for m in log.removed_mass])
 log = MaskLog()
 q = chat_ids(tokenizer, "When did the Berlin Wall fall? Answer as YYYY-MM-DD.")
-out = generate(model, tokenizer, q, 12, pick=masked_pick(PatternMask(tokenizer, 2, "9999-99-99"), log=log))
+out = generate(model, tokenizer, q, 12, pick=masked_pick(PatternMask(tokenizer, END, "9999-99-99"), log=log))
 print(repr(out.text), "| allowed tokens per step:", log.allowed)
 
 # %% [markdown]
@@ -108,7 +109,6 @@ print(f"valid: free {n_free} of {len(free)}, constrained {n_con} of {len(constra
 
 # %%
 c = constrained[receipts()[0]["text"]]
-pieces = [texts[t] for t in tokenizer(c.text, add_special_tokens=False)["input_ids"]]
 for step in [0, 1, 2, 5, 10, len(c.mask.allowed) - 1]:
     print(f"step {step:>2}: {c.mask.allowed[step]:>6,} of {len(texts):,} tokens allowed, "
           f"{c.mask.removed_mass[step]:.1%} of the model's probability removed")
@@ -117,7 +117,10 @@ for step in [0, 1, 2, 5, 10, len(c.mask.allowed) - 1]:
 # ## 5. What it costs
 #
 # Milliseconds per token of the engine's mask and of the hand-written one (a Python loop over 49,152
-# strings), against a decode step of the model itself:
+# strings), against a decode step of the model itself. "Engine mask" is what the course's `masked_pick` spends
+# per token around llguidance: the engine's own call plus unpacking its bit mask into a tensor and applying it
+# (the committed engine comparison, `data/benchmarks/grammar-engines-cpu-2026-12-01.json`, times the engine's
+# call alone, which is a small part of it):
 
 # %%
 median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
@@ -180,7 +183,7 @@ server.stop()
 # ## Exercises
 #
 # **1.** Write `yes_no_allowed(text_so_far)`: the list of token IDs allowed next for the language {"yes", "no"}
-# (the end-of-turn token, ID 2, only when the text is complete). Use `texts`.
+# (the end-of-turn token `END`, only when the text is complete). Use `texts`.
 
 # %%
 from course_lib.exercises import lesson15 as ex
