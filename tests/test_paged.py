@@ -287,3 +287,18 @@ def test_reserve_and_wait_finishes_everything_without_preempting(small, tokenize
     assert any(admitted[n] >= first_end for n in queued)  # someone waited until another finished
     assert pool.manager.num_used == 0
     pool.manager.check()
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 64])
+def test_other_block_sizes_give_the_same_tokens(small, tokenizer, stop, alone, block_size):
+    """Slot arithmetic that block size 16 could hide: a block of one token, an odd size, one larger than a prompt;
+    on a pool tight enough to preempt (block size 1 and 3) and with two prompts sharing their start."""
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 16, stop) for i, p in enumerate(prompts)]
+    tokens = max(len(p) for p in prompts) + 16
+    blocks = {1: 3 * tokens, 3: tokens, 64: 8}[block_size]
+    pool = PagedKVCache.for_model(small, blocks, block_size=block_size)
+    batching.run_paged(small, jobs, pool)
+    assert [j.tokens for j in jobs] == [alone(small, p)[:16] for p in prompts]
+    assert pool.manager.num_used == 0
+    pool.manager.check()
