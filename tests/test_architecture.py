@@ -215,3 +215,75 @@ def device_numpy_calls(source: str) -> list[int]:
         return getattr(receiver.func, "attr", None) == "cpu" or made_here
     return [n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
             and getattr(n.func, "attr", None) == "numpy" and not safe(n.func.value)]
+
+
+# Timings that need no synchronize(), each with its reason. A new timing must synchronize the device around the
+# timed work (runtime.synchronize, runtime.time_it, measure.timers.best_of) or be added here with a reason.
+UNSYNCHRONIZED_TIMINGS = {
+    "course_lib/generation.py::__init__": "a scheduler's clock start",
+    "course_lib/generation.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
+    "course_lib/batching.py::__init__": "a scheduler's clock start",
+    "course_lib/batching.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
+    "course_lib/doctor.py::check_generation": "generate() returns tokens read on the CPU",
+    "course_lib/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
+    "course_lib/widgets.py::update": "a widget redraw on the CPU",
+    "course_lib/attention.py::time_scores": "CPU tensors made in the function",
+    "course_lib/loading.py::time_cached_load": "loading ends with the weights in place (a blocking copy)",
+    "course_lib/loading.py::load_model": "loading ends with the weights in place (a blocking copy)",
+    "course_lib/structured.py::masked": "the mask is computed on the CPU",
+    "course_lib/measure/trace.py::run_trace": "the scheduler reads every token on the CPU",
+    "course_lib/measure/speed.py::throughput_latency": "generation reads every token on the CPU",
+    "course_lib/measure/bench.py::detokenize_ms_per_token": "the detokenizer runs on the CPU",
+    "course_lib/measure/bench.py::_widgets_section": "widget redraws on the CPU",
+    "course_lib/measure/bench_part2.py::speculative_section": "generation reads every token on the CPU",
+    "course_lib/measure/peers.py::bare_decode": "int(argmax) each step reads the last step's result (a sync)",
+    "course_lib/measure/memory.py::read_bandwidth": "float(sum) reads the result (a sync)",
+    "course_lib/measure/memory.py::kernel_bandwidth": "the weight formats' kernels are CPU kernels",
+    "course_lib/measure/peers_llama.py::llama_decode": "llama.cpp on the CPU",
+    "course_lib/measure/peers_llama.py::llama_prefill": "llama.cpp on the CPU",
+    "course_lib/measure/load.py::_send": "a client's wall clock over HTTP",
+    "course_lib/measure/load.py::replay": "a client's wall clock over HTTP",
+    "course_lib/measure/load.py::decode_gaps": "a client's wall clock over HTTP",
+    "notebooks/src/10_serving.py::<module>": "a client's wall clock over HTTP",
+    "notebooks/src/10_serving.py::one_client": "a client's wall clock over HTTP",
+    "notebooks/src/10_serving.py::load_test": "a client's wall clock over HTTP",
+    "notebooks/src/13_paged_memory.py::<module>": "batch.step() picks tokens on the CPU (a sync)",
+}
+SYNCS = ("synchronize", "time_it", "best_of")
+
+
+def unsynchronized_timings(source: str) -> list[str]:
+    """Scopes (functions, or <module> for top-level code) that read time.perf_counter() but call none of SYNCS."""
+    def calls(scope) -> list[str]:
+        names, todo = [], list(ast.iter_child_nodes(scope))
+        while todo:
+            node = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue  # a nested function is a scope of its own
+            if isinstance(node, ast.Call):
+                names.append(getattr(node.func, "attr", None) or getattr(node.func, "id", ""))
+            todo.extend(ast.iter_child_nodes(node))
+        return names
+
+    tree = ast.parse(source)
+    scopes = [("<module>", tree)] + [(n.name, n) for n in ast.walk(tree)
+                                     if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    found = []
+    for name, scope in scopes:
+        made = calls(scope)
+        if "perf_counter" in made and not any(s in made for s in SYNCS):
+            found.append(name)
+    return found
+
+
+def test_every_timing_synchronizes_the_device_or_says_why_not():
+    """On a GPU a kernel launch returns at once: a timing must wait for the device (synchronize) or read a result
+    on the CPU. Every perf_counter() timing in the package, the lessons and the solutions does, or is listed."""
+    assert unsynchronized_timings("import time\ndef a():\n    t = time.perf_counter()\n    f()\n"
+                                  "def b():\n    synchronize(d)\n    t = time.perf_counter()\n") == ["a"]
+    top = ROOT.parent
+    found = {f"{path.relative_to(top)}::{scope}"
+             for path in [*ROOT.rglob("*.py"), *top.glob("notebooks/src/*.py"), *top.glob("solutions/*.py")]
+             for scope in unsynchronized_timings(path.read_text())}
+    assert not found - set(UNSYNCHRONIZED_TIMINGS), sorted(found - set(UNSYNCHRONIZED_TIMINGS))
+    assert not set(UNSYNCHRONIZED_TIMINGS) - found, f"stale entries: {sorted(set(UNSYNCHRONIZED_TIMINGS) - found)}"

@@ -112,12 +112,16 @@ def gather_seconds(pool: PagedKVCache, seqs, repeats: int = 5) -> float:
     """Seconds to gather these sequences' keys and values from their blocks into one (B, KV, S, D) tensor per
     layer, as PagedView.write does for a prompt and, with attention="gather", for every decode step (the default
     decode reads the blocks through the tables instead: lesson 16). The median of `repeats`."""
+    from ..runtime import synchronize
     _, read = PagedView(pool, list(seqs)).slots(0)  # (B, S)
+    device = pool.keys[0].device
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         for keys, values in zip(pool.keys, pool.values):
             keys[read].transpose(1, 2), values[read].transpose(1, 2)  # (B, KV, S, D) each
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
