@@ -102,7 +102,7 @@ def verify(model, cache, last: int, draft: list[int], pick: Pick = greedy, draft
     last accepted token (the model's own next token is fed at the next step). Works on either runner's cache
     (kv_cache.rollback). The loop does the same three things across one step (Alone.run, step, Alone.feed)."""
     start = length_of(cache)
-    accepted, bonus, prob = accept_draft(verify_pass(model, cache, last, draft), list(draft), pick, draft_probs)
+    accepted, bonus, prob, _ = accept_draft(verify_pass(model, cache, last, draft), list(draft), pick, draft_probs)
     rollback(cache, start + 1 + len(accepted))  # keep `last` and the accepted draft
     return Verified(accepted, bonus, prob)
 
@@ -137,8 +137,8 @@ def step(scheduler) -> list[tuple[Job, int, float, bool]]:
             picked = [(token, prob, False)]
         else:  # a verify pass: the accepted draft, then the model's own next token
             probs = getattr(job.draft, "probs", None)  # a drafter that sampled keeps its distributions (ModelDrafter)
-            accepted, token, prob = accept_draft(logits, draft, pick, None if probs is None else probs[:len(draft)])
-            picked = [(t, 1.0, True) for t in accepted] + [(token, prob, False)]
+            accepted, token, prob, kept = accept_draft(logits, draft, pick, None if probs is None else probs[:len(draft)])
+            picked = [(t, p, True) for t, p in zip(accepted, kept)] + [(token, prob, False)]
         for token, prob, drafted in picked:
             emitted.append((job, token, prob, drafted))
             reason = job.emit(token, stamp)

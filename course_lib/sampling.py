@@ -246,17 +246,18 @@ def accept_or_resample(p: torch.Tensor, q: torch.Tensor, drafted: int, generator
 
 
 def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler,
-                    draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float]:
+                    draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float, list[float]]:
     """Speculative sampling over one verify pass (Leviathan et al. 2023; Chen et al. 2023). logits (k + 1, V): the
     model's at [last] + draft. For each drafted token in order, `accept_or_resample` with the drafter's
     distribution q: draft_probs[i] (V,) for a drafter that sampled its token from q, or one-hot on the token for
     a drafter that proposes deterministically (draft_probs None: accepted with probability p(token)). A rejected
     token is replaced by a draw from max(0, p - q) and the rest of the draft is dropped. If all are accepted, one
-    more is drawn from the last position. Returns (accepted, the model's own token, its probability); each
-    output token is distributed exactly as plain sampling would draw it. sampler: a Sampler (filters, seed)."""
+    more is drawn from the last position. Returns (accepted, the model's own token, its probability, each accepted
+    token's probability in the model's distribution, as plain sampling records it); each output token is
+    distributed exactly as plain sampling would draw it. sampler: a Sampler (filters, seed)."""
     if draft_probs is not None and len(draft_probs) != len(draft):
         raise ValueError(f"{len(draft_probs)} draft distributions for {len(draft)} drafted tokens")
-    accepted = []
+    accepted, probs = [], []
     for i, token in enumerate(draft):
         p = sampler.distribution(logits[i])  # (V,)
         if draft_probs is not None:
@@ -267,29 +268,33 @@ def sample_verified(logits: torch.Tensor, draft: list[int], sampler: Sampler,
         chosen = accept_or_resample(p, q, token, sampler.rng(p.device)) if sampler.config.temperature else int(p.argmax())
         sampler.accept(chosen)
         if chosen != token:
-            return accepted, chosen, float(p[chosen])
+            return accepted, chosen, float(p[chosen]), probs
         accepted.append(token)
+        probs.append(float(p[token]))
     p = sampler.distribution(logits[len(draft)])
     bonus = sampler.draw(p)
     sampler.accept(bonus)
-    return accepted, bonus, float(p[bonus])
+    return accepted, bonus, float(p[bonus]), probs
 
 
 def accept_draft(logits: torch.Tensor, draft: list[int], pick=greedy,
-                 draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float]:
+                 draft_probs: list[torch.Tensor] | None = None) -> tuple[list[int], int, float, list[float]]:
     """The picker rule for a verify pass. logits (k + 1, V): the model's at [last] + draft. pick=greedy keeps the
     longest prefix of the draft that greedy agrees with, then greedy's own next token; a Sampler applies
     `sample_verified` (draft_probs: the drafter's distributions, if it sampled). Returns (accepted draft tokens,
-    the model's own next token, its probability). Example: greedy choices [7, 9, 4] at a draft [7, 8] -> ([7], 9, p)"""
+    the model's own next token, its probability, the accepted tokens' probabilities as plain decoding records
+    them). Example: greedy choices [7, 9, 4] at a draft [7, 8] -> ([7], 9, p, [p of 7])"""
     if isinstance(pick, Sampler):
         return sample_verified(logits, draft, pick, draft_probs)
     if pick is not greedy:
         raise ValueError("drafted tokens can be checked with pick=greedy or a sampler from sampling.make_sampler "
                          "(it must read the sampler's distribution to accept or resample drafted tokens)")
-    n = 0
+    n, probs = 0, []
     for i, token in enumerate(draft):
-        if greedy(logits[i])[0] != token:
+        choice, p = greedy(logits[i])
+        if choice != token:
             break
         n += 1
+        probs.append(p)
     token, prob = greedy(logits[n])
-    return draft[:n], token, prob
+    return draft[:n], token, prob, probs

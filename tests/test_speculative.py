@@ -111,7 +111,7 @@ def _first_two(logits, draft, config, n, rule=None, monkeypatch=None):
     sampler = make_sampler(config, seed=0)
     first, second = torch.zeros(logits.shape[1]), torch.zeros(logits.shape[1])
     for _ in range(n):
-        accepted, bonus, _ = speculative.sample_verified(logits, draft, sampler)
+        accepted, bonus, _, _ = speculative.sample_verified(logits, draft, sampler)
         out = accepted + [bonus]
         first[out[0]] += 1
         if accepted:
@@ -194,7 +194,7 @@ def _sampled_runs(target, drafter, config, n, pass_q=True):
     first, second = torch.zeros(target.shape[1]), torch.zeros(target.shape[1])
     for _ in range(n):
         draft = [int(torch.multinomial(q, 1, generator=g)) for q in qs]
-        accepted, bonus, _ = sample_verified(target, draft, sampler, qs if pass_q else None)
+        accepted, bonus, _, _ = sample_verified(target, draft, sampler, qs if pass_q else None)
         out = accepted + [bonus]
         first[out[0]] += 1
         if accepted:
@@ -283,3 +283,13 @@ def test_the_last_verify_counts_too(ours, tokenizer):
     s = r.speculative
     assert s.accepted == len(s.accepted_at)
     assert s.acceptance_rate > 0.95 and s.drafted <= 20
+
+
+def test_drafted_tokens_record_the_models_probability(ours, tokenizer):
+    """A drafted step records the model's probability of its token, as plain decoding does (it was 1.0)."""
+    prompt = edit_ids(tokenizer)
+    plain = generate(ours, tokenizer, prompt, 24, stop_ids=())
+    spec = generate(ours, tokenizer, prompt, 24, stop_ids=(), draft=PromptLookup(3), k=4)
+    assert spec.token_ids == plain.token_ids and spec.speculative.accepted > 0
+    for a, b in zip(plain.steps, spec.steps):
+        assert a.prob == pytest.approx(b.prob, abs=1e-4)
