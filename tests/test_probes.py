@@ -131,7 +131,8 @@ def test_feed_forward_ablation_controls(tiny, pair):
                 return (torch.zeros_like(args[0]) if m is None else m[layer].expand_as(args[0]).to(args[0].dtype),)
             handle = tiny.model.layers[layer].mlp.down_proj.register_forward_pre_hook(hook)
             try:
-                logits = tiny(input_ids=torch.tensor([clean])).logits[0, -1]
+                with torch.inference_mode():
+                    logits = tiny(input_ids=torch.tensor([clean])).logits[0, -1]
             finally:
                 handle.remove()
             assert float(logits[good] - logits[bad]) - base == pytest.approx(float(effects[layer]), abs=1e-4)

@@ -31,11 +31,11 @@ def test_place_picks_the_binding_ceiling():
     assert high["bound"] == "compute" and high["roof"] == peak and high["of_roof"] == pytest.approx(0.5)
 
 
-def test_probe_is_four_caches_or_a_gib(monkeypatch):
+def test_probe_is_two_caches_or_a_gib(monkeypatch):
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 32 * 2**20)
     assert roofline.probe_bytes() == 2**30
-    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 480 * 2**20)
-    assert roofline.probe_bytes() == 4 * 480 * 2**20
+    monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: 960 * 2**20)
+    assert roofline.probe_bytes() == 2 * 960 * 2**20
     monkeypatch.setattr(roofline, "last_level_cache_bytes", lambda: None)
     assert roofline.probe_bytes() == 2**30
 

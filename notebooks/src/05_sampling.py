@@ -116,13 +116,15 @@ print("same as course_lib:", torch.equal(toy_top_k(logits, 5), top_k_filter(logi
 #
 # One more knob works on the tokens already written rather than on the tail: the **repetition penalty**
 # divides the logit of every token seen so far by a factor if it is positive, and multiplies it if negative
-# (1 = off; transformers does the same), so repeating becomes less likely either way. A small model left to itself repeats: here is a 100-token greedy poem, then the next-token
-# distribution 40 tokens in, before and after a penalty of 1.5:
+# (1 = off; transformers does the same), so repeating becomes less likely either way. A small model left to
+# itself repeats: here is the start of a 100-token greedy poem, then the next-token distribution 40 tokens in,
+# before and after a penalty of 1.5:
 
 # %%
 from course_lib.sampling import repetition_penalty
 poem = context_ids(tokenizer, [{"role": "user", "content": "Write a poem about the sea."}])
 plain = generate(model, tokenizer, poem, max_new_tokens=100, stop_ids=())  # greedy, no early stop
+print(repr(plain.text[:200]), "...")
 history = poem + plain.token_ids[:40]
 at = forward_logits(model, history)[0, -1]
 penalized = repetition_penalty(at, history, 1.5)

@@ -74,8 +74,8 @@ print(f"prefill at {lengths[-1]} tokens is {lengths[-1] / prefill_s[-1] / (1 / d
 #
 # A step can be held back by two things: how fast the machine moves bytes from memory, and how fast it does
 # arithmetic. We measure both in this run, with the threads torch uses now:
-# - **reading**: a sum over a buffer far larger than the caches (1 GiB, or four times the largest cache the
-#   CPU reports), so every byte comes from memory, as a decode step's weights do;
+# - **reading**: a sum over a buffer far larger than the caches (1 GiB, or twice the largest cache the
+#   CPU reports), so nearly every byte comes from memory, as a decode step's weights do;
 # - **arithmetic**: one large matrix product (2,048 x 2,048 by 2,048 x 2,048, in the model's dtype), about
 #   the best case for the library's kernels.
 

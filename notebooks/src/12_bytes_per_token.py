@@ -127,7 +127,7 @@ for name in ["float32", "int8-cast", "int8"]:
 # ## 4. Every format on a roofline
 #
 # The ceiling is this machine's streaming read rate, measured the way decode reads: a sum over a buffer far
-# larger than the caches (1 GiB, or four times the largest cache the CPU reports). If reading were the only
+# larger than the caches (1 GiB, or twice the largest cache the CPU reports). If reading were the only
 # cost, a format's step would take its bytes divided by that rate: the dashed line.
 
 # %%

@@ -100,7 +100,10 @@ print(f"valid: free {n_free} of {len(free)}, constrained {n_con} of {len(constra
 
 # %% [markdown]
 # Every constrained answer parses and validates; whether its values match the receipt is a separate count
-# (the model's reading of the text), and the printed lines show what it got right.
+# (the model's reading of the text), and the printed lines show what it got right. Look at the dates in
+# particular: the schema's pattern makes the year come first, so a receipt that says "3 March" can lead the
+# model to write a "3" where the year begins, and the mask then only asks for three more digits. The form is
+# enforced; the facts are the model's.
 #
 # ## 4. The mask made visible
 #
