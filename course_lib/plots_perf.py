@@ -186,26 +186,6 @@ def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "W
     return ax
 
 
-def plot_roofline(names: list[str], bytes_per_token: list[float], ms_per_token: list[float], read_bytes_per_s: float,
-                  ax=None, title: str = "Decode: time per token against bytes per token"):
-    """One point per weight format, on log-log axes; the line is the time a measured read bandwidth predicts
-    (bytes / bandwidth): a point on it is bound by memory, a point above it by its kernel."""
-    ax = axes_or_new(ax, (7, 4))
-    lo, hi = min(bytes_per_token) / 1.5, max(bytes_per_token) * 1.5
-    ax.plot([lo / 1e6, hi / 1e6], [lo / read_bytes_per_s * 1000, hi / read_bytes_per_s * 1000], "--",
-            color=PALETTE[7], label=f"reading at {read_bytes_per_s / 1e9:.1f} GB/s (measured)")
-    for i, (name, b, ms) in enumerate(zip(names, bytes_per_token, ms_per_token)):
-        ax.scatter([b / 1e6], [ms], color=PALETTE[i % len(PALETTE)], zorder=3)
-        ax.annotate(name, (b / 1e6, ms), textcoords="offset points", xytext=(5, 4), fontsize=9)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("MB read per token (every weight once)")
-    ax.set_ylabel("ms per decode step")
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_title(title)
-    return ax
-
-
 def plot_paged_memory(contiguous_bytes: list[float], paged_bytes: list[float], ax=None,
                       title: str = "KV memory on the same trace: reserved per request, or held in blocks"):
     """Per scheduler step: what a contiguous cache reserves (each request's prompt + allowance) and the bytes of

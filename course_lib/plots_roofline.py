@@ -1,8 +1,10 @@
 """Pictures of where a step's time is bound (lessons 08 and 12): the roofline with both ceilings measured, and
 which parts of the model break first when rounded further.
 
-What it does: draws what measure.roofline and measure.quality measured; every plot_* takes data (and ax=None)
-and returns the Axes.
+What it does: draws what measure.roofline, measure.memory and measure.quality measured: `plot_decode_bytes` (time
+per token against bytes per token, beside the time the read rate alone predicts), `plot_roofline` (attainable
+FLOP/s against arithmetic intensity), `plot_layer_sensitivity`; every plot_* takes data (and ax=None) and
+returns the Axes.
 What it does not do: measure anything.
 """
 from __future__ import annotations
@@ -10,6 +12,26 @@ from __future__ import annotations
 import numpy as np
 
 from .plots import PALETTE, axes_or_new
+
+
+def plot_decode_bytes(names: list[str], bytes_per_token: list[float], ms_per_token: list[float], read_bytes_per_s: float,
+                  ax=None, title: str = "Decode: time per token against bytes per token"):
+    """One point per weight format, on log-log axes; the line is the time a measured read bandwidth predicts
+    (bytes / bandwidth): a point on it is bound by memory, a point above it by its kernel."""
+    ax = axes_or_new(ax, (7, 4))
+    lo, hi = min(bytes_per_token) / 1.5, max(bytes_per_token) * 1.5
+    ax.plot([lo / 1e6, hi / 1e6], [lo / read_bytes_per_s * 1000, hi / read_bytes_per_s * 1000], "--",
+            color=PALETTE[7], label=f"reading at {read_bytes_per_s / 1e9:.1f} GB/s (measured)")
+    for i, (name, b, ms) in enumerate(zip(names, bytes_per_token, ms_per_token)):
+        ax.scatter([b / 1e6], [ms], color=PALETTE[i % len(PALETTE)], zorder=3)
+        ax.annotate(name, (b / 1e6, ms), textcoords="offset points", xytext=(5, 4), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("MB read per token (every weight once)")
+    ax.set_ylabel("ms per decode step")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(title)
+    return ax
 
 
 def plot_layer_sensitivity(per_layer: list[float], base: float, head: float, scheme: str, ax=None,

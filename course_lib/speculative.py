@@ -1,7 +1,8 @@
 """Speculative decoding (lesson 14): guess several tokens cheaply, check them in one pass, keep what agrees.
 
 What it does: holds the drafters. A drafter proposes up to k tokens, each an object with one method
-`propose(context, k) -> list[int]`: `PromptLookup` (copy what followed the last few tokens earlier in the
+`propose(context, k) -> list[int]` (and, optionally, `follow(pick)`, told how the model picks, and `probs`, the
+distributions its last proposal was sampled from): `PromptLookup` (copy what followed the last few tokens earlier in the
 context), `ModelDrafter` (a cheaper model, for example the 4-bit format of lesson 12, drafting through
 generation.decode_n on its own cache: greedily for a greedy model; for a sampling model it samples from its own
 distribution and keeps it, the q of speculative sampling) and `early_exit(model, n)` (the first n layers with the model's head).
@@ -60,6 +61,7 @@ class ModelDrafter:
         self.cache = None  # any cache (kv_cache.Cache, or transformers' DynamicCache)
         self.seen: list[int] = []  # the tokens whose keys and values are in self.cache
         self.sampler: Sampler | None = None  # set by follow() when the model samples
+        self.target: Sampler | None = None  # the model's sampler, whose history the drafter's filters read
         self.probs: list[torch.Tensor] | None = None  # q of each drafted token, when sampled; None: one-hot
 
     def follow(self, pick) -> None:
@@ -68,6 +70,7 @@ class ModelDrafter:
         sampling = isinstance(pick, Sampler) and pick.config.temperature > 0 and self.sample
         self.sampler = Sampler(pick.config, self.seed) if sampling else None
         self.target = pick if sampling else None
+        self.probs = None  # note: a drafter reused under another picker must not hand over the last run's q
 
     def propose(self, context: list[int], k: int) -> list[int]:
         common = 0

@@ -101,9 +101,10 @@ def test_a_wrong_rule_is_caught(real_logits):
     assert _chi_square_p_value(_draws(p, q, wrong), p) < 1e-3
 
 
-def _first_two(logits, draft, config, n, rule=None, monkeypatch=None):
+def _first_two(logits, draft, config, n, rule=None, monkeypatch=None, draft_probs=None):
     """n runs of sample_verified on fixed logits: counts of the first emitted token, and of the second given the
-    first drafted token was accepted."""
+    first drafted token was accepted. draft: the drafted tokens, or a function drawing them anew for each run
+    (with draft_probs, the distributions it draws from)."""
     from course_lib import sampling as speculative  # the acceptance rules are picker rules (sampling.py)
     from course_lib.sampling import make_sampler
     if rule is not None:
@@ -111,7 +112,8 @@ def _first_two(logits, draft, config, n, rule=None, monkeypatch=None):
     sampler = make_sampler(config, seed=0)
     first, second = torch.zeros(logits.shape[1]), torch.zeros(logits.shape[1])
     for _ in range(n):
-        accepted, bonus, _, _ = speculative.sample_verified(logits, draft, sampler)
+        tokens = draft() if callable(draft) else draft
+        accepted, bonus, _, _ = speculative.sample_verified(logits, tokens, sampler, draft_probs)
         out = accepted + [bonus]
         first[out[0]] += 1
         if accepted:
@@ -186,21 +188,12 @@ def _sub_vocabulary(real_logits, rows=3, size=16):
 
 def _sampled_runs(target, drafter, config, n, pass_q=True):
     """n verify steps of two drafted tokens, each drafted from the drafter's own distribution (as ModelDrafter
-    does for a sampling model): counts of the first emitted token, and of the second after an accepted first."""
-    from course_lib.sampling import logits_to_probs, make_sampler, sample_verified
-    sampler = make_sampler(config, seed=0)
+    does for a sampling model): _first_two's counts."""
+    from course_lib.sampling import logits_to_probs
     g = torch.Generator().manual_seed(1)
     qs = [logits_to_probs(drafter[i], config) for i in range(2)]
-    first, second = torch.zeros(target.shape[1]), torch.zeros(target.shape[1])
-    for _ in range(n):
-        draft = [int(torch.multinomial(q, 1, generator=g)) for q in qs]
-        accepted, bonus, _, _ = sample_verified(target, draft, sampler, qs if pass_q else None)
-        out = accepted + [bonus]
-        first[out[0]] += 1
-        if accepted:
-            second[out[1]] += 1
-        sampler.seen.clear()
-    return first, second
+    return _first_two(target, lambda: [int(torch.multinomial(q, 1, generator=g)) for q in qs], config, n,
+                      draft_probs=qs if pass_q else None)
 
 
 def test_sampled_drafts_keep_each_tokens_distribution(real_logits):

@@ -12,13 +12,13 @@ import time
 import torch
 
 from ..formats import FORMATS, make_linear
+from .roofline import probe_bytes
 
 
 def read_bandwidth(megabytes: int | None = None, repeats: int = 3, device="cpu") -> float:
     """Bytes per second the machine streams from memory: a sum over a buffer far larger than the caches
     (each byte read once), best of `repeats`. This is the ceiling a decode step's weight read can reach.
     megabytes: the buffer's size; None -> roofline.probe_bytes() (1 GiB, or twice the last-level cache)."""
-    from .roofline import probe_bytes
     megabytes = megabytes or probe_bytes() // 2**20
     buf = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
     best = float("inf")
@@ -45,7 +45,6 @@ def kernel_bandwidth(name: str, shapes: list[tuple[int, int]], megabytes: int = 
     of each matrix to hold `megabytes` in this format, called one after another as a decode step calls its
     layers, after a sum over a buffer of 1 GiB or twice the last-level cache (roofline.probe_bytes) has pushed them
     out of the caches. The flush is not timed; best pass of `repeats`."""
-    from .roofline import probe_bytes
     dtype = FORMATS[name][0]
     layers = layer_copies(name, shapes, megabytes)
     xs = {k: torch.randn(1, k, dtype=dtype) for _, k in shapes}

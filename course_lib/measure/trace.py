@@ -57,8 +57,13 @@ class TraceRun:
         return [used * self.pool.block_bytes for _, used, _ in self.batch.memory]
 
     @property
+    def done(self) -> list[Job]:
+        """The jobs that ran to a stop (not turned away, not cancelled)."""
+        return [j for j in self.jobs if j.finish_reason not in ("rejected", "cancelled", "")]
+
+    @property
     def finished(self) -> int:
-        return sum(1 for j in self.jobs if j.finish_reason not in ("rejected", "cancelled", ""))
+        return len(self.done)
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,7 +76,12 @@ class TraceRun:
             if what == "queued":
                 queued[who] = t
         return {j.name: {"first_token": j.first_token - queued[j.name], "end": j.end - queued[j.name]}
-                for j in self.jobs if j.finish_reason not in ("rejected", "cancelled", "") and j.name in queued}
+                for j in self.done if j.name in queued}
+
+    def mean_wait_to_end(self) -> float:
+        """Seconds from arrival to the last token, averaged over the jobs that ran to a stop."""
+        ends = [w["end"] for w in self.waits().values()]
+        return sum(ends) / len(ends) if ends else float("nan")
 
 
 def run_trace(model, jobs: list[Job], arrivals: list[int], num_blocks: int, policy: str = "preempt",
@@ -164,6 +174,5 @@ def bench_section(model, tokenizer, quick: bool = False) -> dict:
         "tokens_per_s_preempt": tight["preempt"].tokens_per_s, "tokens_per_s_reject": tight["reject"].tokens_per_s,
         "finished_reserve": tight["reserve"].finished, "tokens_per_s_reserve": tight["reserve"].tokens_per_s,
         "seconds_preempt": tight["preempt"].seconds, "seconds_reserve": tight["reserve"].seconds,
-        "mean_wait_to_end_s": {p: sum(w["end"] for w in r.waits().values()) / max(1, len(r.waits()))
-                               for p, r in tight.items()},
+        "mean_wait_to_end_s": {p: r.mean_wait_to_end() for p, r in tight.items()},
     }

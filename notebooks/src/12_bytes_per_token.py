@@ -141,7 +141,7 @@ for name in names:
     b = models[name].weight_bytes()
     print(f"{name:<13} {b / 1e6:6.1f} MB  {step_ms[name]:6.1f} ms  {1000 / step_ms[name]:5.1f} tok/s  "
           f"reads at {b / step_ms[name] / 1e6:5.1f} GB/s")
-plots_perf.plot_roofline(names, [models[n].weight_bytes() for n in names], [step_ms[n] for n in names], read_bw)
+plots_roofline.plot_decode_bytes(names, [models[n].weight_bytes() for n in names], [step_ms[n] for n in names], read_bw)
 plt.show()
 
 # %% [markdown]
@@ -225,8 +225,8 @@ for label, scheme in SCHEMES.items():
 # rule on the file's values); its head column is what a 4-bit head would cost, since the file keeps the
 # head in 8 bits. Symmetric 4-bit and groups of 64 store the same 4.5 bits per weight in different ways:
 # compare them. Then 3 and 2 bits. Perplexity is computed, not timed: your run gives the same figures as
-# any other run of this torch version, up to float rounding. The head column rounds one matrix (28 million weights) where the layer column rounds 210 of them (106
-# million). So which single part is the most fragile? Round one layer at a time to 2 bits, on the first 256
+# any other run of this torch version, up to float rounding. The head column rounds one matrix (28 million
+# weights) where the layer column rounds 210 of them (106 million). So which single part is the most fragile? Round one layer at a time to 2 bits, on the first 256
 # tokens, and put the head beside them:
 
 # %%
@@ -243,7 +243,7 @@ plots_roofline.plot_layer_sensitivity(per_layer, base_short, head_short, "2-bit 
 plt.show()
 
 # %% [markdown]
-# The layers are not equal: most barely notice 2 bits alone, while one or two stand out (their
+# The layers are not equal: most cost a moderate rise alone (the median printed), while one or two stand out (their
 # position printed above). A quantizer that spends more bits on the fragile parts (llama.cpp's mixed
 # "K-quant" files keep some tensors in more bits; the file here keeps the head in 8) gets more quality per
 # byte than one rule for every matrix. That is why the `int4` format keeps an 8-bit head: the head column
