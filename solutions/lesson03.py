@@ -24,3 +24,13 @@ def first_layer(text, word):
 def project(hidden):
     with torch.inference_mode():
         return int(model.lm_head(model.model.norm(hidden)).argmax())
+
+
+def pass_prediction(ids, n=64):
+    """From section 7's two timings: a straight line between the 1-token pass and the many-token pass."""
+    from course_lib.forward import forward_logits
+    from course_lib.runtime import time_it
+    many = list(ids) * 8
+    one_s = time_it(lambda: forward_logits(model, list(ids[:1])), model.device, repeats=3).best
+    many_s = time_it(lambda: forward_logits(model, many), model.device, repeats=3).best
+    return 1000 * (one_s + (many_s - one_s) * (n - 1) / (len(many) - 1))

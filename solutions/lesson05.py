@@ -17,3 +17,9 @@ def my_top_k(logits, k):
 def draws(logits, n=5000, seed=0):
     probs = logits_to_probs(logits)
     return sample(probs, torch.Generator(device=probs.device).manual_seed(seed), n).tolist()
+
+
+def nucleus_prediction(logits, temperature=1.5, top_p=0.9):
+    """Counted rather than guessed: what a learner who tries a few temperatures with reshape() would write."""
+    from course_lib.sampling import SamplingConfig, reshape
+    return reshape(logits, SamplingConfig(temperature=temperature, top_p=top_p)).kept

@@ -13,3 +13,11 @@ def positions_without_cache(prompt_len, n_new):
 
 def ratio(prompt, n_new=48):
     return uncached_run(model, prompt, n_new).total / cached_run(model, tokenizer, prompt, n_new).total
+
+
+def long_step_prediction(context=3000):
+    """A straight line through the step's cost at two shorter contexts, extended to `context`."""
+    from course_lib.measure.bench import decode_seconds
+    short, longer = 200, 1200
+    a, b = decode_seconds(model, tokenizer, [short, longer])
+    return 1000 * (a + (b - a) * (context - short) / (longer - short))

@@ -347,3 +347,51 @@ def test_failure_messages_do_not_give_the_answer(capsys):
     assert not lesson10.check_ttft(remember_ttft)
     out = capsys.readouterr().out
     assert f"{times[0]:.2f}" not in out and f"{times[0]:.3f}" not in out
+
+
+def test_predict_then_measure(model, tokenizer, capital_logits, capsys):
+    """Lessons 03, 05, 06, 07 and 09 ask for a prediction before the check measures: a learner's reasoning from the
+    lesson's numbers passes, the naive guess each exercise is built to expose fails (on this CPU each is off by at
+    least twice the measured value), and no prediction at all asks for one without measuring."""
+    from course_lib.exercises import check_prediction
+    from course_lib.measure.bench import decode_seconds
+    from course_lib.measure.speed import throughput_latency
+    from course_lib.runtime import time_it
+    from course_lib.sampling import SamplingConfig, reshape
+
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    s3 = solution(3, model, tokenizer)
+    assert lesson03.check_pass_prediction(s3.pass_prediction(ids), model, ids)
+    one_ms = time_it(lambda: forward_logits(model, ids[:1]), model.device, repeats=3).best * 1000
+    assert not lesson03.check_pass_prediction(64 * one_ms, model, ids)  # n times a 1-token pass
+
+    s5 = solution(5, model, tokenizer)
+    assert lesson05.check_nucleus_prediction(s5.nucleus_prediction(capital_logits), capital_logits)
+    at_one = reshape(capital_logits, SamplingConfig(top_p=0.9)).kept
+    assert not lesson05.check_nucleus_prediction(1.5 * at_one, capital_logits)  # in proportion to the temperature
+
+    story = story_ids(tokenizer)
+    s6 = solution(6, model, tokenizer)
+    assert lesson06.check_arrival_prediction(s6.arrival_prediction(story), model, tokenizer, story)
+    first = generate(model, tokenizer, story, max_new_tokens=2).time_to_first_token
+    assert not lesson06.check_arrival_prediction(first, model, tokenizer, story)  # the first token's time alone
+
+    s7 = solution(7, model, tokenizer)
+    assert lesson07.check_long_step_prediction(s7.long_step_prediction(), model, tokenizer)
+    short_ms = decode_seconds(model, tokenizer, [200])[0] * 1000
+    assert not lesson07.check_long_step_prediction(short_ms * 3000 / 200, model, tokenizer)  # in proportion
+
+    s9 = solution(9, model, tokenizer)
+    assert lesson09.check_batch_prediction(s9.batch_prediction(ids), model, ids)
+    single = throughput_latency(model, ids, [1], 32)[0]["tokens_per_s"]
+    assert not lesson09.check_batch_prediction(12 * single, model, ids)  # twelve times one request's rate
+
+    capsys.readouterr()
+    measured = []
+    for empty in (None, 0, -1.0, True, "fast"):
+        assert not check_prediction(empty, lambda: measured.append(1) or 1.0, unit="s", what="", tolerance=2, hint="")
+    assert not measured  # nothing measured without a prediction
+    assert capsys.readouterr().out.count("write your prediction first") == 5
+    assert check_prediction(1.9, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
+    assert not check_prediction(2.1, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
+    assert not check_prediction(0.49, lambda: 1.0, unit="s", what="", tolerance=2, hint="")

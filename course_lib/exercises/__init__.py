@@ -39,3 +39,16 @@ def fresh():
     import os
     import random
     return random.Random(os.urandom(8))
+
+
+def check_prediction(prediction, measure, *, unit: str, what: str, tolerance: float, hint: str) -> Verdict:
+    """Predict, then measure: `prediction` was written before the cell ran; `measure()` measures the quantity now
+    (on the real model, in this run) and the prediction passes within a factor `tolerance` of it. The measured
+    value is shown either way: once the learner has committed to a number, seeing the answer is the point."""
+    if not isinstance(prediction, (int, float)) or isinstance(prediction, bool) or not prediction > 0:
+        return verdict(False, "", f"write your prediction first: a positive number ({unit}), before running the cell")
+    measured = float(measure())
+    ok = measured / tolerance <= prediction <= measured * tolerance
+    said = f"measured {measured:,.3g} {unit} {what}; you predicted {prediction:,.3g}"
+    return verdict(ok, f"{said}, within a factor {tolerance}",
+                   f"{said}, off by more than a factor {tolerance} ({prediction / measured:.2g}x). {hint}")

@@ -1,4 +1,5 @@
-"""Checks for 03_forward_pass: count parameters, entropy in bits, read the logit lens, project a layer by hand."""
+"""Checks for 03_forward_pass: count parameters, entropy in bits, read the logit lens, project a layer by hand,
+and a forward pass's time predicted before it is measured."""
 from __future__ import annotations
 
 import math
@@ -6,7 +7,9 @@ import math
 import torch
 
 from ..anatomy import layer_outputs, logit_lens
-from . import fresh, safely, verdict
+from ..forward import forward_logits
+from ..runtime import time_it
+from . import check_prediction, fresh, safely, verdict
 
 # texts whose next word first tops the logit lens at different depths (checked when a task is drawn)
 LENS_TASKS = [("A, B, C, D,", " E"), ("The opposite of hot is", " cold"), ("Once upon a", " time"),
@@ -84,3 +87,14 @@ def check_project(project, model, tokenizer) -> bool:
             return verdict(False, "", f"for the state after row {layer} you returned {got!r}, expected {want}. "
                            "Hint: int(model.lm_head(model.model.norm(hidden)).argmax())")
     return verdict(True, "that projection is the whole logit lens", "")
+
+
+def check_pass_prediction(prediction_ms, model, ids: list[int], n: int = 64, tolerance: float = 1.6) -> bool:
+    """prediction_ms: your prediction, written BEFORE this runs, of the milliseconds of ONE forward pass over an
+    n-token sequence (section 7 printed a 1-token pass and a many-token pass). The check measures it (best of 3)."""
+    tokens = (list(ids) * (n // max(len(ids), 1) + 1))[:n]
+    return check_prediction(prediction_ms, lambda: time_it(lambda: forward_logits(model, tokens), model.device,
+                                                           repeats=3).best * 1000,
+                            unit="ms", what=f"for one pass over {n} tokens", tolerance=tolerance,
+                            hint="One pass reads each weight once for all its tokens, so it is not n times a 1-token "
+                                 "pass; section 7's many-token rate (GFLOP/s) is the better guide")

@@ -1,12 +1,13 @@
-"""Checks for 05_sampling: temperature by hand, top-k by hand, and a Monte-Carlo estimate within tolerance."""
+"""Checks for 05_sampling: temperature by hand, top-k by hand, and a Monte-Carlo estimate within tolerance, and
+the size of top-p's nucleus at a higher temperature predicted before it is counted."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from ..sampling import SamplingConfig, logits_to_probs, top_k_filter
-from . import safely, verdict
+from ..sampling import SamplingConfig, logits_to_probs, reshape, top_k_filter
+from . import check_prediction, safely, verdict
 
 
 def _test_logits(logits: torch.Tensor) -> list[torch.Tensor]:
@@ -63,3 +64,14 @@ def check_estimate(draws, token_id: int, logits, n: int = 5000) -> bool:
     estimate = float(counts[token_id]) / n
     return verdict(True, f"your draws estimate {estimate:.4f} for the token, within four standard errors of the "
                    f"model's exact {float(probs[token_id]):.4f}", "")
+
+
+def check_nucleus_prediction(prediction, logits, temperature: float = 1.5, top_p: float = 0.9,
+                             tolerance: float = 2.0) -> bool:
+    """prediction: your prediction, written BEFORE this runs, of how many tokens top-p keeps at `temperature` on
+    these logits (the cell before printed what it keeps at temperature 1). Counted on the model's real logits."""
+    config = SamplingConfig(temperature=temperature, top_p=top_p)
+    return check_prediction(prediction, lambda: reshape(logits, config).kept, unit="tokens",
+                            what=f"kept by top-p {top_p} at temperature {temperature}", tolerance=tolerance,
+                            hint="The tail holds tens of thousands of tokens, each tiny; flattening moves mass into "
+                                 "all of them at once, and the nucleus must take many to reach its share")

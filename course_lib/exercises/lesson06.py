@@ -1,9 +1,10 @@
-"""Checks for 06_generation_streaming: a loop by hand, a streamer that never breaks a character, TTFT's share."""
+"""Checks for 06_generation_streaming: a loop by hand, a streamer that never breaks a character, TTFT's share, and the
+arrival of the 80th token predicted before it is measured."""
 from __future__ import annotations
 
 from ..generation import GenerationResult, Step, generate
 from ..measure.speed import uncached_run
-from . import fresh, safely, verdict
+from . import check_prediction, fresh, safely, verdict
 
 STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷", "plain ASCII text", "naïve café 你好"]
 
@@ -70,3 +71,14 @@ def check_ttft_share(ttft_share, model, tokenizer, prompt_ids: list[int]) -> boo
         if not isinstance(got, float) or abs(got - want) > 1e-9:
             return verdict(False, "", f"expected {want:.4f}, got {got!r}. Hint: result.steps[0].at / result.steps[-1].at")
     return verdict(True, "you can read prefill's share of the wait straight from the step times", "")
+
+
+def check_arrival_prediction(prediction_s, model, tokenizer, prompt_ids: list[int], n: int = 80,
+                             tolerance: float = 1.4) -> bool:
+    """prediction_s: your prediction, written BEFORE this runs, of the seconds from the request until the n-th new
+    token arrives for this prompt (no stop token: exactly n are made). Section 5 printed TTFT and the gaps."""
+    def measure():
+        return generate(model, tokenizer, list(prompt_ids), max_new_tokens=n, stop_ids=()).steps[-1].at
+    return check_prediction(prediction_s, measure, unit="s", what=f"until token {n} arrived", tolerance=tolerance,
+                            hint="The first token costs the prompt's prefill (the TTFT); each later one costs one "
+                                 "decode step (the median gap)")

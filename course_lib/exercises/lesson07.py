@@ -1,9 +1,11 @@
-"""Checks for 07_kv_cache: the memory formula, the uncached work count, and a measured speed-up ratio."""
+"""Checks for 07_kv_cache: the memory formula, the uncached work count, and a measured speed-up ratio, and
+a decode step at a long context predicted before it is measured."""
 from __future__ import annotations
 
 from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed
 from ..measure.speed import cached_run, uncached_run
-from . import safely, verdict
+from ..measure.bench import decode_seconds
+from . import check_prediction, safely, verdict
 
 
 def check_kv_bytes(kv_bytes, model) -> bool:
@@ -52,3 +54,12 @@ def check_ratio(ratio, model, tokenizer, prompt_ids, n_new: int = 48, tolerance:
     return verdict(ok, f"your {ratio:.2f}x agrees with the rerun's {rerun:.2f}x",
                    f"your {ratio!r} is more than a factor {tolerance} away from the check's own rerun. Time both runs "
                    "(uncached_run and cached_run, same prompt and n_new) and divide the uncached total by the cached total")
+
+
+def check_long_step_prediction(prediction_ms, model, tokenizer, context: int = 3000, tolerance: float = 1.4) -> bool:
+    """prediction_ms: your prediction, written BEFORE this runs, of the milliseconds of one cached decode step once
+    the cache holds `context` tokens (section 2's plot showed steps at a few hundred). The check measures it."""
+    return check_prediction(prediction_ms, lambda: decode_seconds(model, tokenizer, [context])[0] * 1000, unit="ms",
+                            what=f"per decode step at {context:,} tokens of context", tolerance=tolerance,
+                            hint="A step reads all the weights whatever the context, plus the cache, which grows "
+                                 "with it: compare the cache's bytes at that context (section 4) with the weights'")

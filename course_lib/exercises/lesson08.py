@@ -3,7 +3,7 @@ a measured prefill/decode speed ratio, and a prediction of a long prompt's prefi
 from __future__ import annotations
 
 from ..measure.bench import decode_seconds, prefill_seconds
-from . import safely, verdict
+from . import check_prediction, safely, verdict
 
 
 def check_bandwidth(achieved_bandwidth) -> bool:
@@ -55,11 +55,7 @@ def check_phase_ratio(ratio, model, tokenizer, n: int = 256, tolerance: float = 
 def check_ttft_prediction(prediction_s, model, tokenizer, n: int = 2000, tolerance: float = 1.5) -> bool:
     """prediction_s: your prediction, written BEFORE this runs, of the seconds to prefill an n-token prompt on this
     machine (from section 1's curve). The check then measures it (best of 2) and accepts a factor `tolerance`."""
-    if not isinstance(prediction_s, (int, float)) or isinstance(prediction_s, bool) or prediction_s <= 0:
-        return verdict(False, "", "write your prediction first: a positive number of seconds")
-    measured = prefill_seconds(model, tokenizer, [n], repeats=2)[0]
-    ok = measured / tolerance <= prediction_s <= measured * tolerance
-    return verdict(ok, f"measured {measured:.2f} s for {n} tokens against your {prediction_s:.2f} s",
-                   f"measured {measured:.2f} s for {n} tokens, your {prediction_s:.2f} s is off by more than a factor "
-                   f"{tolerance}. Did you extrapolate tokens per second from the longest prompt of section 1? "
-                   "Attention's cost grows faster than the prompt")
+    return check_prediction(prediction_s, lambda: prefill_seconds(model, tokenizer, [n], repeats=2)[0], unit="s",
+                            what=f"to prefill {n} tokens", tolerance=tolerance,
+                            hint="Did you extrapolate tokens per second from the longest prompt of section 1? "
+                                 "Attention's cost grows faster than the prompt")

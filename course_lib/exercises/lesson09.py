@@ -1,10 +1,12 @@
-"""Checks for 09_batching: left padding by hand, padding waste, and reading a schedule's latency."""
+"""Checks for 09_batching: left padding by hand, padding waste, and reading a schedule's latency, and
+a batch's throughput predicted before it is measured."""
 from __future__ import annotations
 
 import torch
 
 from ..batching import Job, left_pad, padding_waste
-from . import fresh, safely, verdict
+from ..measure.speed import throughput_latency
+from . import check_prediction, fresh, safely, verdict
 
 CASES = [[[5, 6, 7], [8]], [[1], [2, 3], [4, 5, 6, 7]], [[9, 9]]]
 
@@ -53,3 +55,14 @@ def check_mean_latency(mean_latency) -> bool:
             return verdict(False, "", f"for jobs ending at {ends} you returned {got!r}. Hint: each job's latency runs "
                            "from its arrival (time 0 here) to its end; average them")
     return verdict(True, "latency is measured from arrival to the last token", "")
+
+
+def check_batch_prediction(prediction_tps, model, prompt_ids: list[int], batch: int = 12, new_tokens: int = 32,
+                           tolerance: float = 1.5) -> bool:
+    """prediction_tps: your prediction, written BEFORE this runs, of the total tokens per second of a batch of
+    `batch` copies of the prompt, new_tokens each, as in section 2 (which measured other batch sizes)."""
+    return check_prediction(prediction_tps,
+                            lambda: throughput_latency(model, list(prompt_ids), [batch], new_tokens)[0]["tokens_per_s"],
+                            unit="tokens/s", what=f"at batch {batch}", tolerance=tolerance,
+                            hint="Read the printed rows on both sides of that batch size: once arithmetic is the "
+                                 "limit, throughput stops growing in proportion to the batch")

@@ -310,4 +310,14 @@ def project(hidden):
 ex.check_project(project, model, tokenizer)
 
 # %% [markdown]
+# **5. Predict, then measure.** Section 7 timed one pass over a single token and one pass over many. Before
+# running anything, predict how many milliseconds ONE pass over a single 64-token sequence takes on this
+# machine, and write it in `prediction_ms`. The check then measures it and shows both numbers: a prediction
+# far off teaches more than one that was copied.
+
+# %%
+prediction_ms = None  # your prediction, in milliseconds, written before you run this cell
+ex.check_pass_prediction(prediction_ms, model, ids)
+
+# %% [markdown]
 # **Next:** 04 · attention, where we look inside the attention step of those blocks.

@@ -289,4 +289,16 @@ draws = None  # your 5,000 sampled token IDs here
 ex.check_estimate(draws, the_id, logits)
 
 # %% [markdown]
+# **4. Predict, then measure.** The next cell prints how many tokens top-p 0.9 keeps at temperature 1 on
+# these logits. Predict how many it keeps at temperature **1.5**, write the number in `prediction`, then run
+# the check: it counts them.
+
+# %%
+print("top-p 0.9 at temperature 1 keeps", reshape(logits, SamplingConfig(top_p=0.9)).kept, "tokens")
+
+# %%
+prediction = None  # your prediction: tokens kept at temperature 1.5
+ex.check_nucleus_prediction(prediction, logits, temperature=1.5, top_p=0.9)
+
+# %% [markdown]
 # **Next:** 06 · generation and streaming, where the chosen tokens are appended, looped and streamed.

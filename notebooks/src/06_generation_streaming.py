@@ -241,4 +241,13 @@ def ttft_share(result):
 ex.check_ttft_share(ttft_share, model, tokenizer, question_ids)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 5 printed the story's time to first token and its median gap. For the
+# same prompt, predict the seconds from the request until the **80th** new token arrives (the check turns the
+# end-of-turn stop off, so exactly 80 are made) and write it in `prediction_s` before running the check.
+
+# %%
+prediction_s = None  # your prediction, in seconds
+ex.check_arrival_prediction(prediction_s, model, tokenizer, story_ids, n=80)
+
+# %% [markdown]
 # **Next:** 07 · the KV cache, where we time the loop with and without it.

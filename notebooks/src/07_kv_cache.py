@@ -244,4 +244,13 @@ ratio = None  # your measurement here
 ex.check_ratio(ratio, model, tokenizer, prompt)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 2's plot shows what a cached decode step costs with a few hundred
+# tokens in the cache. Predict the milliseconds of one cached step once the cache holds **3,000** tokens (ten
+# times more), write it in `prediction_ms`, then run the check: it prefills 3,000 tokens and times the steps.
+
+# %%
+prediction_ms = None  # your prediction, in milliseconds per decode step
+ex.check_long_step_prediction(prediction_ms, model, tokenizer, context=3000)
+
+# %% [markdown]
 # **Next:** 08 · prefill and decode, where the two stages are timed separately.

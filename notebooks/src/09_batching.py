@@ -211,4 +211,13 @@ def mean_latency(jobs):
 ex.check_mean_latency(mean_latency)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 2 measured batches of 1, 2, 4, 8 and 16. Predict the total tokens per
+# second of a batch of **12** copies of the same prompt (32 new tokens each), write it in `prediction_tps`,
+# then run the check: it measures that batch.
+
+# %%
+prediction_tps = None  # your prediction, in tokens per second for the whole batch
+ex.check_batch_prediction(prediction_tps, model, prompts[0], batch=12)
+
+# %% [markdown]
 # **Next:** 10 · serving, where this scheduler sits behind an HTTP API.
