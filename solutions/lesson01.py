@@ -24,5 +24,6 @@ def first_merge(text):
     return Counter(zip(data, data[1:])).most_common(1)[0][0]
 
 
-def cost_of(text, price_per_million):
-    return cost(len(tokenizer(text, add_special_tokens=False)["input_ids"]), price_per_million)
+def cost_of(prompt, answer, price_in, price_out):
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    return cost(count(prompt), price_in) + cost(count(answer), price_out)

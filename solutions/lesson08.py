@@ -7,8 +7,8 @@ def achieved_bandwidth(weight_bytes, seconds_per_token):
     return weight_bytes / seconds_per_token
 
 
-def crossover_context(weight_bytes, kv_bytes_per_token):
-    return int(weight_bytes // kv_bytes_per_token)
+def crossover_context(weight_bytes, kv_bytes_per_token, batch):
+    return int(weight_bytes // (kv_bytes_per_token * batch))
 
 
 def ratio(n=256):

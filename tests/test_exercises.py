@@ -62,7 +62,9 @@ def test_lesson01(model, tokenizer):
     for wrong in ["Paris", "cat", "two words", 42]:
         assert not lesson01.check_space_word(wrong, tokenizer)
     assert not lesson01.check_first_merge(lambda text: tuple(text[:2].encode()))
-    assert not lesson01.check_cost(lambda t, p: len(t.split()) * p / 1e6, tokenizer)
+    assert not lesson01.check_cost(lambda q, a, pi, po: (len(q.split()) * pi + len(a.split()) * po) / 1e6, tokenizer)
+    assert not lesson01.check_cost(lambda q, a, pi, po: s.cost_of(q + a, "", pi, pi), tokenizer)  # one price for all
+    assert not lesson01.check_cost(lambda q, a, pi, po: s.cost_of(q, a, pi, po) * 1e6, tokenizer)  # not per million
 
 
 def test_lesson02(model, tokenizer):
@@ -190,7 +192,9 @@ def test_lesson08(model, tokenizer):
     assert measured > 1  # prefill processes tokens faster than decode, under any load
     assert lesson08.check_phase_ratio(measured, model, tokenizer, reference=measured / 1.5)
     assert not lesson08.check_bandwidth(lambda b, t: b * t)
-    assert not lesson08.check_crossover(lambda w, k: w / k)
+    assert not lesson08.check_crossover(lambda w, k, b: w / k)
+    assert not lesson08.check_crossover(lambda w, k, b: int(w // k))  # the batch forgotten
+    assert not lesson08.check_crossover(lambda w, k, b: int(w * b // k))  # the weights read once per row
     assert not lesson08.check_phase_ratio(measured / 20, model, tokenizer, reference=measured)
     assert lesson08.check_ttft_prediction(s.ttft_prediction(), model, tokenizer)
     assert not lesson08.check_ttft_prediction(0.05, model, tokenizer)  # a decode step's time, not a prefill's

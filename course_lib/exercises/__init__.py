@@ -52,3 +52,10 @@ def check_prediction(prediction, measure, *, unit: str, what: str, tolerance: fl
     said = f"measured {measured:,.3g} {unit} {what}; you predicted {prediction:,.3g}"
     return verdict(ok, f"{said}, within a factor {tolerance}",
                    f"{said}, off by more than a factor {tolerance} ({prediction / measured:.2g}x). {hint}")
+
+
+def off(got, want) -> str:
+    """How a wrong number is wrong, without the right one: 'too large', 'too small', or what it is instead."""
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        return f"which is a {type(got).__name__}, not a number"
+    return "too large" if got > want else "too small" if got < want else "equal in value but of the wrong type"

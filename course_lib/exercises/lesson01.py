@@ -4,22 +4,33 @@ from __future__ import annotations
 from collections import Counter
 
 from ..tokenization import cl100k_tokens, cost, encode
-from . import safely, verdict
+from . import fresh, off, safely, verdict
 
 TEXTS = ["What is the capital of France?", "1,000,000 tokens", "Crème brûlée 東京 👨‍👩‍👧", "", "def f(x):\n    return x"]
+PIECES = ["the", "Paris", "1,984", "tokenization", "東京", "🎉", "x = 3", "naïve", "!!", "\n", "    ", "internationally"]
+
+
+def _random_text(rng) -> str:
+    return " ".join(rng.choice(PIECES) for _ in range(rng.randint(3, 12)))
 
 
 def check_count_both(count_both, tokenizer) -> bool:
     """count_both(text) -> (tokens with the model's tokenizer, tokens with cl100k_base)."""
-    for text in TEXTS:
+    rng = fresh()
+    texts = TEXTS + [_random_text(rng) for _ in range(3)]
+    for text in texts:
         ok, got = safely(count_both, text)
         if not ok:
             return verdict(False, "", got)
         want = (len(encode(tokenizer, text)), len(cl100k_tokens(text)))
-        if not isinstance(got, (tuple, list)) or tuple(got) != want:
-            return verdict(False, "", f"for {text!r} you returned {got!r}, expected {want}. Hint: "
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            return verdict(False, "", f"for {text!r} you returned {got!r}: give a tuple of two counts, the model's "
+                           "first")
+        wrong = [f"the {name} count is {off(g, w)}" for name, g, w in zip(("model's", "cl100k"), got, want) if g != w]
+        if wrong:
+            return verdict(False, "", f"for {text!r} you returned {tuple(got)!r}: {' and '.join(wrong)}. Hint: "
                            "len(tokenizer(text, add_special_tokens=False)['input_ids']) and len(cl100k().encode(text))")
-    return verdict(True, f"both counts are right on {len(TEXTS)} texts", "")
+    return verdict(True, f"both counts are right on {len(texts)} texts", "")
 
 
 def check_space_word(word: str, tokenizer) -> bool:
@@ -30,7 +41,8 @@ def check_space_word(word: str, tokenizer) -> bool:
     ok = len(with_space) == 1 and len(bare) >= 2
     return verdict(ok, f"' {word}' is 1 token ({with_space[0]}) but '{word}' is {len(bare)} tokens {bare}",
                    f"' {word}' gives {len(with_space)} token(s) and '{word}' gives {len(bare)}; "
-                   "try a common word that usually follows a space mid-sentence, e.g. ' France' vs 'France'")
+                   "capitalised names often have a token of their own either way ('France' does); try everyday "
+                   "lower-case words, which the tokenizer mostly meets after a space")
 
 
 def check_first_merge(first_merge) -> bool:
@@ -49,13 +61,19 @@ def check_first_merge(first_merge) -> bool:
 
 
 def check_cost(cost_of, tokenizer) -> bool:
-    """cost_of(text, price_per_million) -> the price of the text's model tokens at that price."""
-    for text, price in [("What is the capital of France?", 3.0), ("Unbelievable " * 100, 0.5), ("", 10.0)]:
-        ok, got = safely(cost_of, text, price)
+    """cost_of(prompt, answer, price_in, price_out) -> the price of one request: the prompt's model tokens at
+    price_in and the answer's at price_out, both in dollars per million tokens."""
+    rng = fresh()
+    cases = [("What is the capital of France?", "The capital of France is Paris.", 3.0, 15.0), ("", "", 1.0, 2.0)]
+    cases += [(_random_text(rng), _random_text(rng) * rng.randint(1, 40), rng.choice([0.15, 0.5, 2.5, 3.0]),
+               rng.choice([0.6, 4.0, 10.0, 15.0])) for _ in range(3)]
+    for prompt, answer, price_in, price_out in cases:
+        ok, got = safely(cost_of, prompt, answer, price_in, price_out)
         if not ok:
             return verdict(False, "", got)
-        want = cost(len(encode(tokenizer, text)), price)
-        if not isinstance(got, (int, float)) or abs(got - want) > 1e-12:
-            return verdict(False, "", f"for {len(text)} characters at {price}/M you returned {got!r}, expected {want}. "
-                           "Hint: tokens * price / 1_000_000")
-    return verdict(True, "you can now price any text before you send it", "")
+        want = cost(len(encode(tokenizer, prompt)), price_in) + cost(len(encode(tokenizer, answer)), price_out)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-9 * max(want, 1e-9):
+            return verdict(False, "", f"for a {len(prompt)}-character prompt and a {len(answer)}-character answer at "
+                           f"{price_in}/{price_out} per million you returned {got!r}, {off(got, want)}. Hint: count "
+                           "tokens, not characters or words; each side at its own price, per million")
+    return verdict(True, "an answer token costs more than a prompt token, and you can price both before you send", "")

@@ -5,20 +5,24 @@ from __future__ import annotations
 from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed
 from ..measure.speed import cached_run, uncached_run
 from ..measure.bench import decode_seconds
-from . import check_prediction, safely, verdict
+from . import check_prediction, fresh, off, safely, verdict
 
 
 def check_kv_bytes(kv_bytes, model) -> bool:
     """kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number) -> bytes the cache holds."""
     from ..generation import prefill
-    cases = [(1, 30, 3, 64, 2), (128_000, 80, 8, 128, 2), (10, 2, 1, 4, 4), (0, 30, 3, 64, 4)]
+    rng = fresh()
+    cases = [(1, 30, 3, 64, 2), (0, 30, 3, 64, 4)]
+    cases += [(rng.randint(1, 200_000), rng.choice([2, 16, 30, 32, 80]), rng.choice([1, 3, 8]), rng.choice([64, 128]),
+               rng.choice([1, 2, 4])) for _ in range(3)]
     for case in cases:
         ok, got = safely(kv_bytes, *case)
         if not ok:
             return verdict(False, "", got)
         want = case[0] * kv_bytes_per_token(*case[1:])
         if got != want:
-            return verdict(False, "", f"for {case} you returned {got!r}, expected {want:,.0f}. Hint: keys AND values: a factor 2")
+            return verdict(False, "", f"for {case} you returned {got!r}, {off(got, want)}. Hint: one key and one "
+                           "value vector per token, per layer, per KV head")
     _, cache = prefill(model, list(range(100, 140)))
     cfg = model.config
     got = kv_bytes(40, cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, model.dtype.itemsize)
@@ -28,14 +32,15 @@ def check_kv_bytes(kv_bytes, model) -> bool:
 
 def check_positions(positions_without_cache) -> bool:
     """positions_without_cache(prompt_len, n_new) -> total positions processed with no KV cache."""
-    for case in [(10, 1), (10, 3), (42, 96), (1, 1000)]:
+    rng = fresh()
+    for case in [(10, 1), (10, 3)] + [(rng.randint(1, 500), rng.randint(2, 1000)) for _ in range(3)]:
         ok, got = safely(positions_without_cache, *case)
         if not ok:
             return verdict(False, "", got)
         want = positions_processed(*case, cached=False)
         if got != want:
-            return verdict(False, "", f"for prompt {case[0]}, {case[1]} new tokens you returned {got!r}, expected {want}. "
-                           "Hint: step i re-runs prompt_len + i positions, for i = 0 .. n_new - 1")
+            return verdict(False, "", f"for prompt {case[0]}, {case[1]} new tokens you returned {got!r}, "
+                           f"{off(got, want)}. Hint: step i re-runs prompt_len + i positions, for i = 0 .. n_new - 1")
     return verdict(True, "a sum of growing lengths: quadratic in n_new, not exponential", "")
 
 

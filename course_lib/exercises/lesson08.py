@@ -3,33 +3,41 @@ a measured prefill/decode speed ratio, and a prediction of a long prompt's prefi
 from __future__ import annotations
 
 from ..measure.bench import decode_seconds, prefill_seconds
-from . import check_prediction, safely, verdict
+from . import check_prediction, fresh, off, safely, verdict
 
 
 def check_bandwidth(achieved_bandwidth) -> bool:
     """achieved_bandwidth(weight_bytes, seconds_per_token) -> bytes per second read during decode."""
-    for case in [(538_060_032, 0.05), (269e6, 0.004), (1, 1)]:
+    rng = fresh()
+    cases = [(538_060_032, 0.05), (1, 1)] + [(rng.randint(10**6, 10**11), rng.uniform(0.001, 2.0)) for _ in range(3)]
+    for case in cases:
         ok, got = safely(achieved_bandwidth, *case)
         if not ok:
             return verdict(False, "", got)
         want = case[0] / case[1]
         if not isinstance(got, (int, float)) or abs(got - want) > 1e-6 * want:
-            return verdict(False, "", f"for {case} you returned {got!r}, expected {want:.4g}. Hint: every weight is "
+            return verdict(False, "", f"for {case} you returned {got!r}, {off(got, want)}. Hint: every weight is "
                            "read once per decode step")
     return verdict(True, "bytes read per step divided by seconds per step", "")
 
 
 def check_crossover(crossover_context) -> bool:
-    """crossover_context(weight_bytes, kv_bytes_per_token) -> tokens of context at which reading the
-    KV cache costs as many bytes as reading the weights (round down to an int)."""
-    for case in [(538_060_032, 46_080), (140e9, 327_680), (100, 7)]:
+    """crossover_context(weight_bytes, kv_bytes_per_token, batch) -> the context, in tokens per row, at which one
+    decode step of a batch of `batch` rows reads as many cache bytes as weight bytes (an int, rounded down). The
+    weights are read once per step for the whole batch; each row reads its own cache."""
+    rng = fresh()
+    cases = [(538_060_032, 46_080, 1), (538_060_032, 46_080, 16)]
+    cases += [(rng.randint(10**8, 10**11), rng.randint(10**3, 10**6), rng.choice([1, 2, 4, 8, 32, 64])) for _ in range(3)]
+    for case in cases:
         ok, got = safely(crossover_context, *case)
         if not ok:
             return verdict(False, "", got)
-        want = int(case[0] // case[1])
-        if got != want:
-            return verdict(False, "", f"for {case} you returned {got!r}, expected {want}")
-    return verdict(True, "past that context, decode reads more cache than weights", "")
+        want = int(case[0] // (case[1] * case[2]))
+        if got != want or not isinstance(got, int):
+            return verdict(False, "", f"for {case} you returned {got!r}, {off(got, want)}. Hint: per step, the "
+                           "weights once, plus every row's cache; an int, rounded down")
+    return verdict(True, "past that context per row, a step reads more cache than weights; a bigger batch gets "
+                   "there sooner", "")
 
 
 def measure_phase_ratio(model, tokenizer, n: int = 256) -> float:

@@ -277,10 +277,12 @@ def first_merge(text):
 ex.check_first_merge(first_merge)
 
 # %% [markdown]
-# **4.** Write `cost_of(text, price_per_million)`: the price of `text` with the model's tokenizer.
+# **4.** Providers bill the prompt's tokens and the answer's tokens at different prices (lesson 08 measures
+# one reason). Write `cost_of(prompt, answer, price_in, price_out)`: the price of one request, in dollars,
+# with the model's tokenizer, prices given per million tokens.
 
 # %%
-def cost_of(text, price_per_million):
+def cost_of(prompt, answer, price_in, price_out):
     ...  # your code here
     raise NotImplementedError
 

@@ -250,11 +250,13 @@ def achieved_bandwidth(weight_bytes, seconds_per_token):
 ex.check_bandwidth(achieved_bandwidth)
 
 # %% [markdown]
-# **2.** Write `crossover_context(weight_bytes, kv_bytes_per_token)`: the context length (an int,
-# rounded down) at which one decode step reads as many cache bytes as weight bytes.
+# **2.** A server decodes a batch of `batch` rows in each step: it reads the weights once for all of them, and
+# each row reads its own cache. Write `crossover_context(weight_bytes, kv_bytes_per_token, batch)`: the context
+# per row (an int, rounded down) at which one step reads as many cache bytes as weight bytes. Then try this
+# model's numbers at batch 1 and 16.
 
 # %%
-def crossover_context(weight_bytes, kv_bytes_per_token):
+def crossover_context(weight_bytes, kv_bytes_per_token, batch):
     ...  # your code here
     raise NotImplementedError
 

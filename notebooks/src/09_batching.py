@@ -101,6 +101,28 @@ plt.show()
 # Read the two curves. Each decode step reads all the weights once whatever the batch size (lesson 08),
 # so extra rows should ride along cheaply at first: throughput climbs while latency grows more slowly (the
 # printed rows say what each doubling cost in latency here; on a busy machine the first can cost the most).
+# The weights are shared; the KV cache is not: every row reads its own cache at every step. With short prompts
+# like these the cache is a small fraction of the bytes; at a longer context per row it takes over, and
+# sooner the bigger the batch:
+
+# %%
+from course_lib.kv_cache import kv_bytes_per_token
+from course_lib.measure.bench import weight_bytes
+
+cfg = model.config
+w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads,
+                                                             cfg.head_dim, model.dtype.itemsize)
+for r in rows:
+    context = len(prompts[0]) + 32  # a row's context at the last step measured above
+    print(f"batch {r['batch']:>2}: caches {r['batch'] * context * per_token / 1e6:6.1f} MB beside {w_bytes / 1e6:.0f} MB "
+          f"of weights per step; the caches would outweigh the weights from {w_bytes // (r['batch'] * per_token):,.0f} "
+          "tokens per row")
+
+# %% [markdown]
+# So "extra rows ride along cheaply" holds for the weights and for short contexts only: a batch whose rows each
+# hold more than the printed number of tokens reads more cache than weights at every step (lesson 08's exercise
+# 2 computes the crossover; lesson 17 measures what a long context costs one row).
+#
 # On a 2-core CPU the arithmetic soon becomes the limit and latency rises with the batch; a GPU, with far more
 # arithmetic per byte read, should keep the ride cheap to much larger batches (not measured here: no GPU run is
 # committed). What these curves measure is "a bigger batch makes each step slower but produces more per
