@@ -14,6 +14,16 @@ from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant")
 STRATEGIES = ("drop_oldest", "truncate_middle", "refuse")
+# phrases by which a reply admits that it cannot answer (lesson 02 searches replies for them; lower case)
+NOT_KNOWING = ("don't know", "do not know", "not sure", "no way to know", "cannot know", "can't know",
+               "haven't told", "have not told", "didn't tell", "did not tell", "don't have", "do not have",
+               "not mentioned", "unable to", "i'm afraid")
+
+
+def admits_not_knowing(reply: str) -> bool:
+    """Whether a reply contains one of NOT_KNOWING's phrases: a plain search, not an understanding of the reply."""
+    text = reply.lower().replace("’", "'")
+    return any(phrase in text for phrase in NOT_KNOWING)
 
 
 class ContextOverflowError(ValueError):

@@ -14,12 +14,25 @@ def overhead():
 
 
 def keep_recent(messages, budget):
-    kept = [messages[-1]]
-    for message in reversed(messages[1:-1]):
-        if len(context_ids(tokenizer, [messages[0], message] + kept)) > budget:
+    system, history, last = messages[0], messages[1:-1], messages[-1]
+    kept = [last]
+    for start in range(len(history) - 2, -1, -2):  # whole turns, newest first: (user, assistant)
+        trial = history[start:start + 2] + kept
+        if len(context_ids(tokenizer, [system] + trial)) > budget:
             break
-        kept.insert(0, message)
-    return [messages[0]] + kept
+        kept = trial
+    return [system] + kept
 
 
-my_system_prompt = "You are a helpful assistant. Answer briefly. The user's dog is called Biscuit."
+def rescue(messages, budget):
+    """keep_recent with the dropped user messages written into the system prompt; dropping more to make room for
+    them can drop more, so repeat until what is carried and what is dropped agree."""
+    carried = []
+    while True:
+        note = " Earlier, the user said: " + " ".join(carried) if carried else ""
+        system = {"role": "system", "content": messages[0]["content"] + note}
+        kept = keep_recent([system] + messages[1:], budget)
+        dropped = [m["content"] for m in messages[1:len(messages) - len(kept) + 1] if m["role"] == "user"]
+        if dropped == carried:
+            return kept
+        carried = dropped

@@ -123,3 +123,11 @@ def test_ordinary_messages_keep_the_templates_own_ids(tokenizer):
                      [{"role": "user", "content": "\n\nleading newlines <b>and tags</b>"}]):
         assert context_ids(tokenizer, messages) == tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+
+def test_admits_not_knowing_is_a_phrase_search():
+    from course_lib.context import admits_not_knowing
+    assert admits_not_knowing("I'm sorry, I don't know your dog's name.")
+    assert admits_not_knowing("You haven\u2019t told me its name.")  # a typographic apostrophe too
+    assert not admits_not_knowing("Your dog's name is Bella.")
+    assert not admits_not_knowing("Your dog's name is usually a combination of the owner's names.")

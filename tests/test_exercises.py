@@ -72,15 +72,31 @@ def test_lesson02(model, tokenizer):
     assert lesson02.check_count_context(s.count_context, tokenizer)
     assert lesson02.check_overhead(s.overhead(), tokenizer)
     assert lesson02.check_keep_recent(s.keep_recent, tokenizer)
-    assert lesson02.check_rescue(s.my_system_prompt, model, tokenizer)
+    assert lesson02.check_rescue(s.rescue, model, tokenizer)
     from course_lib.context import context_ids
     assert not lesson02.check_count_context(lambda m: len(context_ids(tokenizer, m, add_generation_prompt=False)),
                                             tokenizer)
     assert not lesson02.check_overhead(s.overhead() + 2, tokenizer) and not lesson02.check_overhead(None, tokenizer)
     assert not lesson02.check_keep_recent(lambda m, b: [m[0], m[-1]], tokenizer)  # fits, but not as many as fit
     assert not lesson02.check_keep_recent(lambda m, b: m, tokenizer)  # over the budget
-    assert not lesson02.check_rescue("You are a helpful assistant. Answer briefly.", model, tokenizer)
-    assert not lesson02.check_rescue("", model, tokenizer)
+
+    def one_message_at_a_time(messages, budget):  # the old exercise's answer: can open with an orphan reply
+        kept = [messages[-1]]
+        for message in reversed(messages[1:-1]):
+            if len(context_ids(tokenizer, [messages[0], message] + kept)) > budget:
+                break
+            kept.insert(0, message)
+        return [messages[0]] + kept
+
+    assert not any(lesson02.check_keep_recent(one_message_at_a_time, tokenizer) for _ in range(3))
+    assert not lesson02.check_rescue(s.keep_recent, model, tokenizer)  # drops, carries nothing
+
+    def hard_coded(messages, budget):  # the old exercise's answer: the first conversation's fact, typed in
+        kept = s.keep_recent(messages, budget - 12)
+        return [{"role": "system", "content": kept[0]["content"] + " The user's dog is called Biscuit."}] + kept[1:]
+
+    assert not lesson02.check_rescue(hard_coded, model, tokenizer)
+    assert not lesson02.check_rescue(lambda m, b: s.rescue(m, 10_000), model, tokenizer)  # over the budget
 
 
 def test_lesson03(model, tokenizer):

@@ -20,7 +20,7 @@ from IPython.display import HTML, display
 import course_lib
 from course_lib import plots, html_views
 from course_lib.context import (render, context_ids, segments, budget_report, fit_to_budget,
-                                validate_messages, ContextOverflowError, STRATEGIES)
+                                validate_messages, ContextOverflowError, STRATEGIES, admits_not_knowing)
 from course_lib.generation import generate
 
 model, tokenizer = course_lib.load_model()
@@ -133,13 +133,16 @@ answers = {"no limit": ask(conv)}
 for strategy, fit in fits.items():
     answers[strategy] = ask(fit.messages)
 for name, reply in answers.items():
-    print(f"{name:>16}: {reply!r}  -> mentions the fact: {CONVERSATION['fact'].lower() in reply.lower()}")
+    print(f"{name:>16}: {reply!r}  -> mentions the fact: {CONVERSATION['fact'].lower() in reply.lower()}, "
+          f"says it does not know: {admits_not_knowing(reply)}")
 
 # %% [markdown]
-# Read the answers above. Where the turn with the fact survived, the model can use it. Where it was
-# dropped, the model has no way to know the name, and a small model does not say "I don't know": it
-# answers anyway, with something generic or invented. That is the practical meaning of the claim:
-# nothing outside the window exists for the model, and it may not tell you so.
+# Read the answers above. Where the turn with the fact survived, the model can use it (the first column says
+# whether it did). Where it was dropped, the model has no way to know the name. The second column says whether
+# the reply admits that, by a plain phrase search ("I don't know", "not sure", "you haven't told me", and a
+# few more, listed in `context.NOT_KNOWING`). A model that answers anyway, with something generic or invented,
+# shows the practical meaning of the claim: nothing outside the window exists for the model, and it may not
+# tell you so.
 #
 # With no conversation at all, the question alone shows what the model falls back on:
 
@@ -161,10 +164,11 @@ for name, text in docs.items():
 rag = [system, {"role": "user", "content": "\n\n".join(docs.values()) + "\n\nQuestion: When does the library close on Saturday?"}]
 used = len(context_ids(tokenizer, rag))
 print(f"with all three documents the prompt takes {used} tokens: {used / window:.1%} of the window, "
-      f"{window - used} left for history and answer")
+      f"{window - used} left for history and answer; {used / BUDGET:.1f}x our teaching budget of {BUDGET}")
 
 # %% [markdown]
-# Three short documents already fill more than our teaching budget. Does the model use them? Compare
+# Compare the last number with 1: above it, three short documents alone would not fit our teaching budget.
+# Does the model use them? Compare
 # its answer with the sentence of the document that holds the fact:
 
 # %%
@@ -195,14 +199,18 @@ runs["3. missing end-of-turn token"] = generate(model, tokenizer, tokenizer(brok
 runs["4. end-of-turn not in the stop set"] = generate(model, tokenizer, context_ids(tokenizer, msgs), 40, stop_ids=())
 for name, r in runs.items():
     print(f"{name:<42} stop: {r.stop_reason:<15} {len(r.token_ids):>2} tokens  {tokenizer.decode(r.token_ids)[:90]!r}")
+ends = [i for i, t in enumerate(runs["4. end-of-turn not in the stop set"].token_ids) if t == tokenizer.eos_token_id]
+print(f"case 4 wrote {tokenizer.eos_token!r} {len(ends)} time(s), first at new token {ends[0] if ends else '-'}, and "
+      f"made {len(runs['4. end-of-turn not in the stop set'].token_ids)} tokens in all")
 
 # %% [markdown]
 # What the model does here is what this run shows (special tokens kept, so you can see them): with raw
 # text, a chat-tuned model may end its turn at once or ramble; without the generation prompt it has to
 # guess who speaks next, and may write the missing role header itself; a missing `<|im_end|>` can be
-# forgiven by a tolerant model on a short question, but it blurs where the user's turn ends. And when
-# the loop does not stop on `<|im_end|>` (case 4), the model writes it, then goes on past its own answer
-# until the token limit: the stop set is part of the template's contract.
+# forgiven by a tolerant model on a short question, but it blurs where the user's turn ends. Case 4 is the
+# loop's side of the contract: the last line says whether the model wrote `<|im_end|>` and how many tokens came
+# after it. Where it wrote one early and the count reached the limit of 40, the loop went on past the model's
+# own answer, because nothing told it to stop: the stop set is part of the template's contract.
 
 # %% [markdown]
 # ## 7. Bad input gets a clear error
@@ -255,8 +263,10 @@ overhead = None  # your answer here
 ex.check_overhead(overhead, tokenizer)
 
 # %% [markdown]
-# **3.** Write `keep_recent(messages, budget)`: return the system message followed by the most recent
-# messages that fit in `budget` tokens (drop the oldest first, one message at a time).
+# **3.** Write `keep_recent(messages, budget)`: return the system message, then the most recent **whole
+# turns** that fit in `budget` tokens (a turn is a user message and the reply to it: what is kept must not
+# open with a reply whose question was dropped), then the last message. The check tries the course's
+# conversation and conversations it draws anew at each run.
 
 # %%
 def keep_recent(messages, budget):
@@ -266,12 +276,20 @@ def keep_recent(messages, budget):
 ex.check_keep_recent(keep_recent, tokenizer)
 
 # %% [markdown]
-# **4.** The system prompt survives every strategy. Write a system prompt that lets the model still
-# answer the dog's name after `drop_oldest` at 256 tokens. The check runs the real model.
+# **4.** The system prompt survives every strategy, so it can carry what the others drop. Write
+# `rescue(messages, budget)`: like `keep_recent`, but the text of every dropped user message is written
+# into the system prompt, after its own text (carrying more can crowd out another turn: make the two agree).
+# The check grades exactly that, on conversations it draws. Then it asks the model three questions whose
+# answer was in a first turn (the dog's name and two more), with the whole conversation, after
+# `drop_oldest` at 200 tokens, and after your rescue, and prints whether each reply used the fact. That
+# part is reported, not graded: whether a 135M model uses a fact it can see is what the table shows.
 
 # %%
-my_system_prompt = "You are a helpful assistant. Answer briefly."  # improve me
-ex.check_rescue(my_system_prompt, model, tokenizer)
+def rescue(messages, budget):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_rescue(rescue, model, tokenizer)
 
 # %% [markdown]
 # **Next:** 03 · the forward pass, where these tokens go through the model's layers.
