@@ -192,3 +192,14 @@ def stopwatch(device: torch.device | str = "cpu") -> Iterator[dict]:
     finally:
         synchronize(device)
         record["seconds"] = time.perf_counter() - start
+
+
+def progress(items, desc: str, total: int | None = None):
+    """A progress bar over a lesson's long loop, so that a cell of half a minute does not look frozen: tqdm's (a
+    widget in Jupyter, a text line elsewhere), gone when the loop ends so the cell keeps only its results.
+    COURSE_PROGRESS=0 turns it off: the suite and the site run lessons unattended and keep their outputs, where a
+    finished bar would be left as a stale line."""
+    if os.environ.get("COURSE_PROGRESS") == "0":
+        return items
+    from tqdm.auto import tqdm
+    return tqdm(items, desc=desc, total=total, leave=False)

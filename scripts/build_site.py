@@ -9,6 +9,7 @@ lessons in order with the time each took to run.
 """
 import argparse
 import html
+import os
 import re
 import sys
 import time
@@ -28,6 +29,7 @@ REMOTE = re.compile(r'<script[^>]*\ssrc="https?://[^"]*"[^>]*>\s*</script>|<link
 
 def execute(path: Path, timeout: int = 900) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
+    os.environ["COURSE_PROGRESS"] = "0"  # the kernel inherits it: no progress bars left in the pages
     NotebookClient(nb, timeout=timeout, kernel_name="llm-course",
                    resources={"metadata": {"path": str(path.parent)}}).execute()
     return nb

@@ -64,6 +64,7 @@ def test_notebook_shape():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, monkeypatch):
     monkeypatch.setenv("COURSE_DEVICE", "cpu")
+    monkeypatch.setenv("COURSE_PROGRESS", "0")  # the executed copies keep results, not finished progress bars
     # the inline backend, as a learner's JupyterLab has: the executed copies keep their figures (Agg would draw
     # them to nowhere), so they can be looked at after a run
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")

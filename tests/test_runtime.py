@@ -77,3 +77,14 @@ def test_a_cpu_lesson_says_why_it_leaves_the_gpu(monkeypatch, capsys):
     monkeypatch.setattr(runtime, "resolve_device", lambda request=None: torch.device("cpu"))
     assert runtime.cpu_lesson("anything") == "cpu"
     assert capsys.readouterr().out == ""  # on the CPU already: nothing to say
+
+
+def test_progress_yields_every_item_in_order(capsys, monkeypatch):
+    from course_lib.runtime import progress
+    monkeypatch.delenv("COURSE_PROGRESS", raising=False)
+    assert list(progress(range(5), "steps")) == [0, 1, 2, 3, 4]
+    assert "steps" in capsys.readouterr().err  # a bar was drawn (a text one, outside Jupyter)
+    monkeypatch.setenv("COURSE_PROGRESS", "0")
+    items = [1, 2]
+    assert progress(items, "off") is items
+    assert list(progress((x for x in "abc"), "letters", total=3)) == ["a", "b", "c"]  # a generator, with its length

@@ -19,6 +19,7 @@ from ..forward import run_model
 from ..generation import check_request, generate, prefill
 from ..kv_cache import length_of, positions_processed, rollback
 from ..sampling import greedy
+from ..runtime import progress
 from .timers import Stopwatch, best_of
 
 
@@ -45,12 +46,13 @@ def cached_run(model, tokenizer, prompt_ids, n_new: int) -> TimedRun:
 
 
 @torch.inference_mode()
-def uncached_run(model, prompt_ids, n_new: int) -> TimedRun:
-    """Every step re-runs the whole sequence so far: what generation would cost with no KV cache."""
+def uncached_run(model, prompt_ids, n_new: int, show_progress: bool = False) -> TimedRun:
+    """Every step re-runs the whole sequence so far: what generation would cost with no KV cache.
+    show_progress: a bar over the steps (a lesson's long run)."""
     ids = check_request(model, prompt_ids, n_new)
     run = TimedRun(False, [], [], 0)
     seq = torch.tensor([ids], device=model.device)  # (1, T), grows by one each step
-    for _ in range(n_new):
+    for _ in (progress(range(n_new), "steps without the cache") if show_progress else range(n_new)):
         watch = Stopwatch(model.device)
         logits, _ = run_model(model, seq, None, keep=1)  # (1, 1, V); no cache, on purpose
         token, _ = greedy(logits[0, -1])

@@ -53,7 +53,7 @@ print("after one decode step:", cache.get_seq_length(), "| keys of layer 0 (B, K
 # %%
 N = 96
 cached = cached_run(model, tokenizer, prompt, N)  # generation.generate, the loop, with no stop token
-uncached = uncached_run(model, prompt, N)  # every step re-runs the whole sequence: no cache, on purpose
+uncached = uncached_run(model, prompt, N, show_progress=True)  # every step re-runs the whole sequence: no cache, on purpose
 print("identical tokens:", cached.token_ids == uncached.token_ids)
 print(f"total: {cached.total:.1f} s with the cache, {uncached.total:.1f} s without -> {uncached.total / cached.total:.1f}x")
 

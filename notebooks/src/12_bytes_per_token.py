@@ -32,7 +32,7 @@ from course_lib.measure.quality import agreement, perplexity
 from course_lib.generation import generate, prefill
 from course_lib.loading import GGUF_BYTES
 from course_lib.model import Model
-from course_lib.runtime import cpu_lesson, time_it
+from course_lib.runtime import cpu_lesson, progress, time_it
 
 torch.set_num_threads(1)
 device = cpu_lesson("torch's 4-bit kernel here is a CPU kernel, and every format starts from the float32 model")
@@ -226,14 +226,14 @@ for label, scheme in SCHEMES.items():
 # head in 8 bits. Symmetric 4-bit and groups of 64 store the same 4.5 bits per weight in different ways:
 # compare them. Then 3 and 2 bits. Perplexity is computed, not timed: your run gives the same figures as
 # any other run of this torch version, up to float rounding. The head column rounds one matrix (28 million
-# weights) where the layer column rounds 210 of them (106 million). So which single part is the most fragile? Round one layer at a time to 2 bits, on the first 256
-# tokens, and put the head beside them:
+# weights) where the layer column rounds 210 of them (106 million). So which single part is the most fragile?
+# Round one layer at a time to 2 bits, on the first 256 tokens, and put the head beside them:
 
 # %%
 short = text_ids[:256]
 two_bits = SCHEMES["2-bit min/max, 32"]
 base_short = perplexity(ours, short)
-per_layer = [perplexity(requantized(ours, two_bits, i), short) for i in range(len(ours.layers))]
+per_layer = [perplexity(requantized(ours, two_bits, i), short) for i in progress(range(len(ours.layers)), "layers")]
 head_short = perplexity(requantized(ours, two_bits, "head"), short)
 worst = sorted(range(len(per_layer)), key=per_layer.__getitem__, reverse=True)[:3]
 print(f"float32 {base_short:.2f}; head alone in 2 bits {head_short:.2f}; "

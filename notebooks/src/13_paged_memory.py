@@ -29,6 +29,7 @@ import torch
 import course_lib
 from IPython.display import display
 from course_lib import paged, plots, plots_perf, widgets
+from course_lib.runtime import progress
 from course_lib.measure import trace as paged_runs
 from course_lib.batching import Job, PagedBatch
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
@@ -196,7 +197,7 @@ plt.show()
 
 # %%
 budget = paged_runs.budget_blocks(roomy)
-runs = {p: paged_runs.run_trace(ours, jobs, arrivals, budget, p) for p in ("reserve", "preempt", "reject")}
+runs = {p: paged_runs.run_trace(ours, jobs, arrivals, budget, p) for p in progress(("reserve", "preempt", "reject"), "policies")}
 print(f"{'policy':<8}{'finished':>9}{'preempted':>10}{'recomputed':>11}{'tokens/s':>9}{'all done':>9}"
       f"{'first token (mean, max)':>25}{'arrival to end (mean)':>23}")
 for p, r in runs.items():

@@ -24,7 +24,7 @@ from course_lib.context import chat_ids, edit_ids, story_ids
 from course_lib.measure.race import generate_exact
 from course_lib.generation import generate, prefill
 from course_lib.model import Model
-from course_lib.runtime import cpu_lesson
+from course_lib.runtime import cpu_lesson, progress
 from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, expected_tokens_per_verify,
                                     accept_or_resample)
 from course_lib.measure.speed import verify_cost
@@ -91,7 +91,7 @@ drafters = {"prompt lookup": lambda: PromptLookup(3), "int4 model": lambda: Mode
             "first 8 layers": lambda: early_exit(ours, 8)}
 N = 40
 plain = {task: generate_exact(ours, tokenizer, p, N) for task, p in [("edit", edit), ("story", story)]}
-for name, make in drafters.items():
+for name, make in progress(drafters.items(), "drafters", total=len(drafters)):
     same = [generate(ours, tokenizer, p, N, stop_ids=(), draft=make(), k=4).token_ids == plain[t]
             for t, p in [("edit", edit), ("story", story)]]
     print(f"{name:<15} same tokens as plain greedy: edit {same[0]}, story {same[1]}")
@@ -116,12 +116,12 @@ def median_run(fn):
 tasks = [("edit", edit), ("story", story)]
 base = {t: median_run(lambda p=p: generate_exact(ours, tokenizer, p, N))[0] for t, p in tasks}
 rows = []
-for name, make in drafters.items():
-    for k in ([2, 6] if name == "prompt lookup" else [4]):
-        for t, p in tasks:
-            secs, r = median_run(lambda: generate(ours, tokenizer, p, N, stop_ids=(), draft=make(), k=k))
-            s = r.speculative
-            rows.append((name, t, k, s.acceptance_rate, s.tokens_per_verify, base[t] / secs, r))
+runs = [(name, make, k, t, p) for name, make in drafters.items() for k in ([2, 6] if name == "prompt lookup" else [4])
+        for t, p in tasks]
+for name, make, k, t, p in progress(runs, "drafter, k and task (4 runs each)"):
+    secs, r = median_run(lambda: generate(ours, tokenizer, p, N, stop_ids=(), draft=make(), k=k))
+    s = r.speculative
+    rows.append((name, t, k, s.acceptance_rate, s.tokens_per_verify, base[t] / secs, r))
 print(f"{'drafter':<15}{'task':<7}{'k':>2}{'accepted':>10}{'tokens/verify':>15}{'if independent':>16}{'speed-up':>10}")
 for name, t, k, acc, tpv, speed, _ in rows:
     print(f"{name:<15}{t:<7}{k:>2}{acc:>10.2f}{tpv:>15.2f}{expected_tokens_per_verify(acc, k):>16.2f}{speed:>9.2f}x")

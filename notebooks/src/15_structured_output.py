@@ -31,6 +31,7 @@ from IPython.display import HTML, display
 import course_lib
 from course_lib.context import chat_ids
 from course_lib.generation import generate
+from course_lib.runtime import progress
 from course_lib.structured import (ChoiceMask, PatternMask, SchemaMask, MaskLog, masked_pick, generate_json,
                                    token_texts, RECEIPT_SCHEMA, receipts, receipt_request, SchemaError)
 
@@ -60,7 +61,7 @@ def verdict(text):
         return f"parses, breaks the schema ({err.message[:40]})"
 
 free = {r["text"]: generate(model, tokenizer, chat_ids(tokenizer, receipt_request(r["text"])[0]["content"]), 80).text
-        for r in receipts()}
+        for r in progress(receipts(), "receipts")}
 for text, answer in free.items():
     print(f"{verdict(answer):<52} {answer[:70]!r}")
 
