@@ -17,6 +17,15 @@ def axes_or_new(ax, size=(7, 3.5)):
     return ax
 
 
+def one_legend(fig, axes) -> None:
+    """Panels that share their series get one legend above them all, instead of one per panel (or none)."""
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes:
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    fig.legend(handles, labels, loc="outside upper center", ncols=len(labels), fontsize=9, frameon=False)
+
+
 def plot_step_times(labels: list[str], seconds: list[float], ax=None, title: str = "Where the time went"):
     """Horizontal bars, one per pipeline step, in milliseconds, with the value written on each bar."""
     ax = axes_or_new(ax, (7, 0.45 * len(labels) + 1))
@@ -232,10 +241,11 @@ def plot_logit_lens(top_tokens: list[list[str]], top_probs, position_labels: lis
     import numpy as np
     probs = np.array(top_probs, dtype=float)
     ax = axes_or_new(ax, (1.3 * len(position_labels) + 2, 0.28 * len(top_tokens) + 1.5))
-    ax.imshow(probs, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    image = ax.imshow(probs, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    ax.figure.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="probability of the top guess")
     for r, row in enumerate(top_tokens):
         for c, text in enumerate(row):
-            ax.text(c, r, token_label(text)[:9], ha="center", va="center", fontsize=6.5,
+            ax.text(c, r, token_label(text)[:9], ha="center", va="center", fontsize=7,
                     color="white" if probs[r, c] < 0.6 else "black")
     ax.set_xticks(range(len(position_labels)), [token_label(t) for t in position_labels], rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(len(top_tokens)), ["emb"] + [str(i) for i in range(len(top_tokens) - 1)], fontsize=7)

@@ -49,7 +49,7 @@ def plot_budget_runs(outcomes: dict, budget: int, names: list[str]):
         ax.set_ylim(0, budget * 1.15)
         ax.set_xlabel("time (decode steps)")
         ax.set_ylabel("tokens cached")
-        ax.set_title(f"policy '{policy}': memory in use (dashed: budget)")
+        ax.set_title(f"'{policy}': tokens cached (dashed: the budget)")
         ax = axes[row, 1]
         for i, name in enumerate(names):
             ticks = [t for t, active in enumerate(out.active) if name in active]
@@ -63,13 +63,15 @@ def plot_budget_runs(outcomes: dict, budget: int, names: list[str]):
             if runs:
                 ax.broken_barh([tuple(r) for r in runs], (i - 0.4, 0.8), color=colours.get(status, PALETTE[4]))
             label = status + (f" (preempted {out.preempted[name]}x)" if out.preempted.get(name) else "")
-            ax.text(ax.get_xlim()[1] if not ticks else ticks[-1] + 2, i, label, va="center", fontsize=8)
+            if not ticks:
+                label += ": never held memory"
+            ax.text(ticks[-1] + 2 if ticks else 1, i, label, va="center", fontsize=8)
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
-        ax.set_xlim(0, len(out.usage) + 12)
+        ax.set_xlim(0, len(out.usage) * 1.3 + 12)  # room for the longest label after the last bar
         ax.set_xlabel("time (decode steps)")
-        ax.set_title(f"policy '{policy}': when each request held memory ({out.finished} finished, "
-                     f"{out.lost} tokens of work lost)")
+        ax.set_title(f"'{policy}': when each request held memory\n({out.finished} finished, {out.lost} tokens of "
+                     "work lost)")
     return fig
 
 
@@ -170,9 +172,15 @@ def plot_layout_gains(rows: list[dict], threshold: float, ax=None,
     return ax
 
 
-def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "Where a decode step's time goes"):
-    """Stacked bars of milliseconds per decode step by operator group, one bar per run (model and context)."""
-    ax = axes_or_new(ax, (8, 0.6 * len(profiles) + 1.6))
+def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "Where a decode step's time goes",
+                 wall_ms: dict[str, float] | None = None):
+    """Stacked bars of milliseconds per decode step by operator group, one bar per run (model and context).
+    wall_ms: each run's wall time per step, drawn as an outline around its bar: the part outside the coloured
+    segments is time in no operator (Python between calls, and the profiler's own recording)."""
+    ax = axes_or_new(ax, (9, 0.6 * len(profiles) + 1.6))
+    if wall_ms:
+        ax.barh(list(profiles), [wall_ms[k] for k in profiles], fill=False, edgecolor="#555", linestyle="--",
+                label="wall time per step (under the profiler)")
     groups = sorted({g for p in profiles.values() for g in p}, key=lambda g: -sum(p.get(g, 0) for p in profiles.values()))
     left = [0.0] * len(profiles)
     for i, group in enumerate(groups):
@@ -180,8 +188,8 @@ def plot_profile(profiles: dict[str, dict[str, float]], ax=None, title: str = "W
         ax.barh(list(profiles), widths, left=left, label=group, color=PALETTE[i % len(PALETTE)])
         left = [a + b for a, b in zip(left, widths)]
     ax.invert_yaxis()
-    ax.set_xlabel("ms per decode step (operator self-time, torch.profiler)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("ms per decode step (coloured: operator self-time, torch.profiler)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_title(title)
     return ax
 

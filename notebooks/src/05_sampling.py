@@ -63,7 +63,7 @@ for ax, t in zip(axes, [0.0, 0.5, 1.0, 1.5]):
     r = reshape(logits, SamplingConfig(temperature=t), show=8)
     plots.plot_reshaped([label(i) for i in r.ids], r.before, r.after, ax=ax,
                         title=f"T = {t}: {r.choices_after:.1f} choices")
-    ax.get_legend().remove()
+plots.one_legend(fig, axes)
 plt.show()
 
 # %% [markdown]
@@ -96,7 +96,7 @@ fig, axes = plt.subplots(1, 3, figsize=(14, 3.2), layout="constrained", sharey=T
 for ax, (name, cfg) in zip(axes, settings.items()):
     r = reshape(logits, cfg, show=10)
     plots.plot_reshaped([label(i) for i in r.ids], r.before, r.after, ax=ax, title=f"{name}: keeps {r.kept}")
-    ax.get_legend().remove()
+plots.one_legend(fig, axes)
 plt.show()
 
 # %% [markdown]

@@ -253,14 +253,17 @@ profiles = {f"{name}, {len(p)} cached": decode_profile(model_, p, steps=3)
 for name, prof in profiles.items():
     groups = ", ".join(f"{g} {ms:.1f}" for g, ms in sorted(prof["ms_by_group"].items(), key=lambda kv: -kv[1]))
     print(f"{name:<22} {prof['wall_ms_per_step']:5.1f} ms/step, {prof['aten_calls_per_step']:4.0f} operators: {groups}")
-plots_perf.plot_profile({k: v["ms_by_group"] for k, v in profiles.items()})
+plots_perf.plot_profile({k: v["ms_by_group"] for k, v in profiles.items()},
+                        wall_ms={k: v["wall_ms_per_step"] for k, v in profiles.items()})
 plt.show()
 
 # %% [markdown]
 # Read the table from the run above: matrix products dominate at short context for both (that is the
 # weights' read; ours is shorter where its matrices are stored by columns); at long context attention
 # and, for the library, the copies of a growing cache take more. Ours launches fewer operators per step
-# (fused projections, no per-step cache reallocation).
+# (fused projections, no per-step cache reallocation). The dashed outline is each run's wall time per step
+# under the profiler: the gap between it and the coloured bar is time inside no operator (Python between
+# calls, and the profiler's own recording, which is why these wall times are above the unprofiled ones).
 #
 # How much of our step is *not* reading the weights? Time the step, then time the very same matrix objects
 # called alone, one row each, in the step's order: the difference is everything else (attention over the

@@ -155,6 +155,7 @@ print("after they leave: blocks in use", pool.manager.num_used, "| still cached 
 # only its own few tokens (at least the last one: its logits pick the first answer token).
 
 # %%
+paged_runs.prefix_ttft(ours, tokenizer, HANDBOOK_QUESTIONS[:1])  # warm-up: the first prefill of a run pays extra
 hit = paged_runs.prefix_ttft(ours, tokenizer, HANDBOOK_QUESTIONS[:3])
 miss = paged_runs.prefix_ttft(ours, tokenizer, HANDBOOK_QUESTIONS[:3], prefix_caching=False)
 for h, m in zip(hit, miss):
@@ -175,6 +176,11 @@ plots.plot_step_times([f"q{i + 1} {'hit' if h['reused_tokens'] else 'miss'}" for
 plt.show()
 
 # %% [markdown]
+# Read the first bar against the fourth: q1's miss and q1 without the cache do the same work (the miss also
+# hashes its blocks into the index, which takes microseconds), so their difference is this run's noise. Without
+# the warm-up call above, q1's miss came out clearly the slower in the course's own runs, and not when the
+# pair was repeated at once: the first prefill of a run pays for memory and kernels touched for the first time.
+#
 # The model's answers to these questions are another matter: a 135M-parameter model reads the handbook
 # and can answer wrongly (section 5's server cell prints its answers: read them against the handbook). Prefix caching changes how
 # fast the first token comes, never which token it is.
