@@ -29,18 +29,22 @@ __all__ = ["PromptLookup", "ModelDrafter", "early_exit", "expected_tokens_per_ve
 
 
 class PromptLookup:
-    """Find the last `ngram` tokens (trying ngram, ngram - 1, ... down to 1) earlier in the context and
+    """Find the last `ngram` tokens (trying ngram, ngram - 1, ... down to min_ngram) earlier in the context and
     propose the k tokens that followed them there. Costs no model call. Example: context [5, 6, 7, 5, 6] ->
-    the last [5, 6] occurred at the start, followed by 7, so it proposes [7, 5, 6][:k]"""
+    the last [5, 6] occurred at the start, followed by 7, so it proposes [7, 5, 6][:k].
+    min_ngram (vLLM's prompt_lookup_min): a shorter match proposes nothing, and the step is a plain one; a
+    one-token match on free text is mostly chance, and each wrong guess costs a row of the verify pass."""
     name = "prompt lookup"
 
-    def __init__(self, ngram: int = 3):
-        if not isinstance(ngram, int) or ngram < 1:
+    def __init__(self, ngram: int = 3, min_ngram: int = 1):
+        if not isinstance(ngram, int) or isinstance(ngram, bool) or ngram < 1:
             raise ValueError(f"ngram must be a positive integer, got {ngram!r}")
-        self.ngram = ngram
+        if not isinstance(min_ngram, int) or isinstance(min_ngram, bool) or not 1 <= min_ngram <= ngram:
+            raise ValueError(f"min_ngram must be an integer from 1 to ngram ({ngram}), got {min_ngram!r}")
+        self.ngram, self.min_ngram = ngram, min_ngram
 
     def propose(self, context: list[int], k: int) -> list[int]:
-        for n in range(min(self.ngram, len(context) - 1), 0, -1):
+        for n in range(min(self.ngram, len(context) - 1), self.min_ngram - 1, -1):
             tail = context[-n:]
             for start in range(len(context) - n - 1, -1, -1):  # the most recent earlier occurrence first
                 if context[start:start + n] == tail:

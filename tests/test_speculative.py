@@ -30,6 +30,16 @@ def test_prompt_lookup_copies_what_followed():
         PromptLookup(0)
 
 
+def test_prompt_lookup_min_ngram_drafts_nothing_on_a_shorter_match():
+    context = [1, 2, 3, 9, 4, 3]  # only the last token, 3, occurred before (followed by 9)
+    assert PromptLookup(3).propose(context, 2) == [9, 4]  # a one-token match is taken
+    assert PromptLookup(3, min_ngram=2).propose(context, 2) == []  # not with at least two required
+    assert PromptLookup(3, min_ngram=2).propose([1, 2, 3, 9, 2, 3], 2) == [9, 2]  # a two-token match is
+    for bad in (0, 4, 1.5, True):
+        with pytest.raises(ValueError, match="min_ngram"):
+            PromptLookup(3, min_ngram=bad)
+
+
 @pytest.mark.parametrize("name", ["lookup", "int4", "early"])
 @pytest.mark.parametrize("k", [1, 4])
 def test_same_tokens_as_plain_greedy(ours, tokenizer, drafters, name, k):

@@ -1,6 +1,8 @@
 """Checks for 15_structured_output: a yes/no mask by hand, what may follow {"age":, and a schema of your own."""
 from __future__ import annotations
 
+import json
+
 from ..structured import ChoiceMask, SchemaMask, generate_json
 from . import safely, verdict
 
@@ -43,6 +45,9 @@ def check_after_age(allowed_after_age, tokenizer) -> bool:
     return verdict(True, f"the engine allows exactly {want}", "")
 
 
+QUESTION = [{"role": "user", "content": "Give the capital of France and its population as JSON."}]
+
+
 def check_city_schema(city_schema, model, tokenizer) -> bool:
     import jsonschema
     ok, schema = safely(city_schema)
@@ -56,9 +61,12 @@ def check_city_schema(city_schema, model, tokenizer) -> bool:
     if props["city"].get("maxLength") != 20 or props["population"].get("type") != "integer" \
             or props["population"].get("minimum") != 0 or props["population"].get("maximum") != 100_000_000:
         return verdict(False, "", "city needs maxLength 20; population type integer, minimum 0, maximum 100000000")
-    r = generate_json(model, tokenizer, [{"role": "user", "content": "Give the capital of France and its population as JSON."}],
-                      schema, 48)
+    r = generate_json(model, tokenizer, QUESTION, schema, 48)
     if not r.complete:
         return verdict(False, "", f"the answer did not finish within 48 tokens: {r.text!r}")
     jsonschema.validate(r.value, schema)
+    unbounded = json.loads(json.dumps(schema))
+    del unbounded["properties"]["population"]["maximum"]
+    loose = generate_json(model, tokenizer, QUESTION, unbounded, 48)
+    print(f"the same request with no maximum on population: {loose.text!r} (complete: {loose.complete})")
     return verdict(True, f"the model answered {r.text}, valid for your schema", "")

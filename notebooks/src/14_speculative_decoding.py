@@ -143,6 +143,42 @@ print("faster than plain decoding in this run (median of 3 after a warm-up):", "
 # Read the first-8-layers lines against lesson 03's logit lens: there the answer only appeared in the last
 # layers, so the first eight with the model's head rarely guess the final token, and every guess costs.
 #
+# **A minimum match for prompt lookup.** The drafter above falls back to a one-token match: on free text, where
+# little of the prompt is copied, a single matching token is mostly chance, and each wrong guess is a row of
+# the verify pass paid for nothing. Engines can require a longer match and draft nothing otherwise (vLLM's
+# `prompt_lookup_min`; here `PromptLookup(3, min_ngram=2)`). Counted, not timed, at k = 4:
+
+# %%
+print(f"{'task':<7}{'min match':>10}{'drafted':>9}{'accepted':>10}{'rejected rows':>15}{'tokens/verify':>15}")
+for t, p in tasks:
+    for least in (1, 2):
+        s = generate(ours, tokenizer, p, N, stop_ids=(), draft=PromptLookup(3, min_ngram=least), k=4).speculative
+        print(f"{t:<7}{least:>10}{s.drafted:>9}{s.accepted:>10}{s.drafted - s.accepted:>15}{s.tokens_per_verify:>15.2f}")
+
+# %% [markdown]
+# Compare the rejected rows of each task at the two settings: on the story most one-token matches were wrong,
+# and requiring two removes them; on the edit, which copies its paragraph, the longer matches keep most of what
+# was accepted. The setting trades the drafter's reach against its waste, and the right value depends on how
+# much of the output copies the prompt.
+#
+# **The model drafter's first step.** A model drafter keeps its own cache, empty at the start, so its first
+# proposal prefills the whole prompt through the drafter: that lands between the answer's first token and its
+# second. From the int4 drafter's run on the edit above (tokens accepted in one verify step arrive together):
+
+# %%
+r = next(row[6] for row in rows if row[0] == "int4 model" and row[1] == "edit")
+arrivals = [st.at for i, st in enumerate(r.steps) if i == 0 or st.at - r.steps[i - 1].at > 0.005]  # one per step
+gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+print(f"first token after {arrivals[0] * 1000:.0f} ms | the next step (the drafter's prefill included) "
+      f"{gaps[0] * 1000:.0f} ms | the median later step {sorted(gaps[1:])[len(gaps[1:]) // 2] * 1000:.0f} ms")
+print("the longest wait in this run was for the", "second token" if gaps[0] > arrivals[0] else "first token")
+
+# %% [markdown]
+# Where the last line says the second token, the time to first token hid the longest wait of the answer. A
+# server can hide
+# the spike by prefilling the drafter beside the model, or by drafting with the model's own first layers on
+# the model's cache (self-speculation, as LayerSkip does; this course's `early_exit` keeps a cache of its own).
+#
 # ## 5. Which tokens were drafted?
 #
 # The answer to the grounded edit with prompt lookup (k = 2): tokens the drafter guessed and the model

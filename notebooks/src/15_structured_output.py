@@ -149,7 +149,10 @@ short = generate_json(model, tokenizer, receipt_request(receipts()[0]["text"]), 
 print("6 tokens:", repr(short.text), "| complete:", short.complete, "| value:", short.value, "| stop:", short.stop_reason)
 
 # %% [markdown]
-# That is why the course's schemas give every string a `maxLength` (and numbers bounds: exercise 3).
+# That is why the course's schemas give every string a `maxLength` (and numbers bounds: exercise 3). The
+# API's plain JSON mode, `response_format={"type": "json_object"}`, has no schema to carry such bounds: the
+# course's server turns it into `{"type": "object"}`, any object, so a string in it may run to the token limit,
+# and the answer comes back marked incomplete (`finish_reason` "length"). Bounds need `json_schema`.
 #
 # ## 7. Through the API, as an application asks
 #
@@ -201,6 +204,8 @@ ex.check_yes_no(yes_no_allowed, tokenizer)
 # %% [markdown]
 # **2.** After `{"age":` under the schema {"type": "object", "properties": {"age": {"type": "integer"}}},
 # which of these may come next: `" 4"`, `"4"`, `"-"`, `"\"4\""`, `"}"`? Return the list of those allowed.
+# Remember section 6: the course's masks allow compact JSON only, no whitespace between tokens of the grammar
+# (JSON itself would allow it; an engine may be configured either way).
 
 # %%
 def allowed_after_age():
@@ -212,7 +217,8 @@ ex.check_after_age(allowed_after_age, tokenizer)
 # %% [markdown]
 # **3.** Write a schema for `{"city": <string of at most 20 characters>, "population": <integer from 0 to
 # 100,000,000>}` with no other keys; the check asks the model for Paris with it and validates the answer.
-# (Without the maximum this model writes digits until the token limit: an unbounded number is a trap too.)
+# Then it sends the same request with your schema less its maximum and prints what the model wrote: an
+# unbounded number can be a trap too.
 
 # %%
 def city_schema():
