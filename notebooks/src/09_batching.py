@@ -50,10 +50,12 @@ pad, total = padding_waste([len(p) for p in prompts])
 print(f"padding: {pad} of {total} token slots ({pad / total:.0%}) are computed and thrown away")
 
 # %% [markdown]
-# **Does batching change the answers?** It must not. Each prompt run alone against the same prompts
-# run as one batch, greedy, on the CPU in float32:
+# **Does batching change the answers?** In exact arithmetic it cannot. Each prompt run alone against the same
+# prompts run as one batch, greedy, in this notebook's dtype on its device (printed first: the course's runs
+# were float32 on the CPU; in bfloat16 a near-tie can flip, as the next cell explains):
 
 # %%
+print("dtype and device:", model.dtype, model.device.type)
 batched = generate_static(model, tokenizer, prompts, max_new_tokens=40)
 alone = [generate(model, tokenizer, p, max_new_tokens=40).token_ids for p in prompts]
 for q, b, a in zip(questions, batched, alone):
