@@ -93,9 +93,15 @@ answer = generate(model, tokenizer, hello_ids, max_new_tokens=40)
 pieces = naive_pieces(tokenizer, answer.token_ids)
 print("naive stream:", "|".join(pieces))
 print("pieces with a replacement character �:", sum("\ufffd" in p for p in pieces), "of", len(pieces))
+# the model may answer without Chinese characters; a fixed line shows the same thing whatever it wrote
+line = "Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!"
+line_ids = tokenizer(line, add_special_tokens=False)["input_ids"]
+line_pieces = naive_pieces(tokenizer, line_ids)
+print("a fixed line, naively:", "|".join(line_pieces), "->", sum("\ufffd" in p for p in line_pieces), "broken pieces")
 
 # %% [markdown]
-# Every `�` is a piece that held only part of a character's bytes. Sent to a client, those become
+# Every `�` is a piece that held only part of a character's bytes (if the model's answer has none, it wrote no
+# character that the tokenizer splits; the fixed line's kanji and emoji do split, its accents here do not). Sent to a client, those become
 # garbage that no later piece can repair. (What the model says about Chinese is a separate question:
 # judge the translation yourself; a 135M model is often wrong.)
 #
@@ -114,13 +120,10 @@ print("fixed stream:", "|".join(fixed))
 print("broken pieces:", sum("\ufffd" in p for p in fixed), "| joins to the full text:", "".join(fixed) == answer.text)
 
 # %% [markdown]
-# The same check on the course's multilingual line (accents, CJK, a family emoji made of five code points):
+# The same check on the fixed multilingual line (accents, CJK, a family emoji made of five code points):
 
 # %%
-line = "Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!"
-line_ids = tokenizer(line, add_special_tokens=False)["input_ids"]
 decoder = IncrementalDecoder(tokenizer)
-print("naive:", "|".join(naive_pieces(tokenizer, line_ids)))
 print("fixed:", "|".join(p for p in (decoder.push(t) for t in line_ids) if p))
 
 # %% [markdown]
