@@ -94,11 +94,19 @@ parts = {"system prompt": n_tokens(messages[:1]),
          "user question": n_tokens(messages) - n_tokens(messages[:1]),
          "generation prompt": n_tokens(messages, True) - n_tokens(messages)}
 print(parts, "total:", sum(parts.values()), "=", len(context_ids))
+texts = {m["role"]: len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in messages}
+print(f"the texts alone: {texts} -> {sum(texts.values())} tokens; the template adds "
+      f"{len(context_ids) - sum(texts.values())} around them")
 print("context window of this model:", model.config.max_position_embeddings, "tokens")
 
 # %% [markdown]
 # The question is a small part of what the model reads: most of the context here is template and
-# system prompt. Lesson 02 shows what happens when a conversation fills the window.
+# system prompt. A count of the texts alone (a system prompt of so many tokens, a question of so many) misses
+# the template's role markers and the generation prompt: the second line says how many tokens those add.
+#
+# The window is a property of each model, set by how it was trained: this one's is printed last. The
+# windows of hundreds of thousands of tokens often quoted belong to larger models trained for them. Lesson
+# 02 shows what happens when a conversation fills the window, and lesson 17 what happens at its end.
 
 # %% [markdown]
 # ## 4. The forward pass: every layer, every position, once
@@ -135,6 +143,8 @@ top10 = top_candidates(tokenizer, probs.cpu(), k=10)
 for c in top10:
     print(f"{c.rank:>2}. {c.text!r:<12} {c.prob:6.3f}")
 print(f"entropy: {entropy_bits(probs.cpu()):.2f} bits over {probs.numel()} tokens")
+print(f"the top token holds {top10[0].prob:.0%} of the probability; the ten shown hold "
+      f"{sum(c.prob for c in top10):.0%} together, the other {probs.numel() - 10:,} tokens the rest")
 
 # %%
 ax = plots.plot_top_candidates([c.text for c in top10], [c.prob for c in top10], highlight="Paris",
@@ -142,6 +152,10 @@ ax = plots.plot_top_candidates([c.text for c in top10], [c.prob for c in top10],
 plt.show()
 
 # %% [markdown]
+# Explainers often draw this step as one word with most of the probability and an absurd one with almost
+# none. The line above the chart says how concentrated this model's first choice really is: it is not yet
+# answering, it is choosing how to begin a sentence.
+#
 # **Is "Paris" first?** The cell below answers from the numbers above. Popular accounts say Paris
 # wins "by a wide margin" at this point; a chat model usually starts with a sentence instead.
 
@@ -211,11 +225,15 @@ ax = plots.plot_step_times(list(times), list(times.values()),
                            title=f"The eight steps on {device}, measured (6 and 7 share a bar; step 1, receiving the prompt, is not timed)")
 plt.show()
 total = sum(times.values())
-print(f"end to end: {total * 1000:.0f} ms for {len(result.token_ids)} new tokens "
-      f"({'under' if total < 1 else 'over'} one second)")
+first_token = sum(s for name, s in times.items() if name[0] in "2345")  # tokenize .. first token picked
+print(f"time to first token: {first_token * 1000:.0f} ms (steps 2-5) | end to end: {total * 1000:.0f} ms for "
+      f"{len(result.token_ids)} new tokens ({'under' if total < 1 else 'over'} one second)")
 
 # %% [markdown]
-# The loop of decode steps dominates: each new token costs a full pass through every layer, one
+# Two numbers, not one. The time to first token is what a user waits before anything appears; the end-to-end
+# time grows with the answer's length, by one decode step per token. When a service is said to answer "in
+# well under a second", that is usually its time to first token, on a GPU server, for a model far larger than
+# this one; on this machine both numbers are printed above. The loop of decode steps dominates: each new token costs a full pass through every layer, one
 # token at a time. That is why longer answers take longer, and why lessons 07 to 09 are all about
 # making the loop cheaper. The tokenizer and template are tiny by comparison.
 #

@@ -98,7 +98,11 @@ print(f"needs {report.used} tokens; over budget by {-report.remaining}" if not r
 # %% [markdown]
 # ## 3. Overflow: three strategies
 #
-# When a conversation is too long, something must go. `fit_to_budget` implements three common answers:
+# When a conversation is too long, something must go, and who decides matters: the model drops nothing. It
+# reads the tokens it is given, and a prompt longer than its window is an error before any work starts (lesson
+# 06's `generate` refuses it; lesson 10's server answers 400 with `context_length_exceeded`, as OpenAI's API
+# does). Dropping is the **application's** policy, applied before the request is sent. `fit_to_budget`
+# implements three common ones:
 #
 # - **drop_oldest**: keep the system prompt and the newest messages; drop whole turns from the oldest.
 # - **truncate_middle**: keep the system prompt, the *first* turn and the newest messages; drop the middle.
