@@ -58,9 +58,13 @@ class ModelDrafter:
     How it drafts follows the model's picker (`follow(pick)`, which generate calls): greedy when the model is
     greedy; when the model samples, the drafter samples from its own distribution with the same settings and
     keeps those distributions in `probs`, the q of speculative sampling (sampling.sample_verified). sample=False
-    keeps greedy drafts under a sampling model (q one-hot), to compare the two."""
+    keeps greedy drafts under a sampling model (q one-hot), to compare the two.
+    seed: the drafter's own generator. None (the default) derives it from the model's sampler's seed, so a
+    seeded run repeats, and runs with different seeds draft independently: a drafter seeded alike in every run
+    would propose the same token for the same context in all of them, and over many runs the answers would no
+    longer follow the model's distribution (within one run they would)."""
 
-    def __init__(self, model, name: str = "cheaper model", sample: bool = True, seed: int = 0):
+    def __init__(self, model, name: str = "cheaper model", sample: bool = True, seed: int | None = None):
         self.model, self.name, self.sample, self.seed = model, name, sample, seed
         self.cache = None  # any cache (kv_cache.Cache, or transformers' DynamicCache)
         self.seen: list[int] = []  # the tokens whose keys and values are in self.cache
@@ -70,9 +74,12 @@ class ModelDrafter:
 
     def follow(self, pick) -> None:
         """Draft as the model picks: a Sampler with a temperature -> sample with the same settings (own generator,
-        seeded from `seed`), keeping q; anything else -> greedy."""
+        seeded from `seed`, or from the model's sampler's seed), keeping q; anything else -> greedy."""
         sampling = isinstance(pick, Sampler) and pick.config.temperature > 0 and self.sample
-        self.sampler = Sampler(pick.config, self.seed) if sampling else None
+        seed = self.seed
+        if seed is None and sampling and pick.seed is not None:
+            seed = (pick.seed * 1_000_003 + 12_345) % 2**63  # note: a stream of its own, fixed by the model's seed
+        self.sampler = Sampler(pick.config, seed) if sampling else None
         self.target = pick if sampling else None
         self.probs = None  # note: a drafter reused under another picker must not hand over the last run's q
 

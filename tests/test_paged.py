@@ -302,3 +302,39 @@ def test_other_block_sizes_give_the_same_tokens(small, tokenizer, stop, alone, b
     assert [j.tokens for j in jobs] == [alone(small, p)[:16] for p in prompts]
     assert pool.manager.num_used == 0
     pool.manager.check()
+
+
+def test_sampled_requests_under_preemption_draw_what_they_draw_with_room(ours, small, tokenizer, stop):
+    """A preempted request is recomputed from its prompt and the tokens it already has: its sampler must not be
+    asked again for those, so each seeded request's tokens match a run on a pool with room for all."""
+    from course_lib.sampling import SamplingConfig, make_sampler
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    config = SamplingConfig(temperature=0.9, top_p=0.95)
+
+    def run(m, blocks):
+        jobs = [batching.Job(f"r{i}", p, 32, stop, pick=make_sampler(config, seed=i)) for i, p in enumerate(prompts)]
+        pool = PagedKVCache.for_model(m, blocks)
+        batch = batching.run_paged(m, jobs, pool)
+        assert pool.manager.num_used == 0
+        return [j.tokens for j in jobs], batch.preempted
+
+    for m in (small, ours):
+        roomy, none = run(m, 100)
+        tight, preempted = run(m, 12)
+        assert none == 0 and preempted >= 1  # the tight pool did preempt; the roomy one did not
+        assert tight == roomy
+
+
+def test_prefix_hits_and_preemption_together_keep_the_real_model_tokens(ours, tokenizer):
+    """Three handbook questions share the document's blocks, on a pool too small for all three answers at once:
+    some requests are preempted, the prefix stays shared, and every request answers as if alone."""
+    prompts = [handbook_ids(tokenizer, q) for q in HANDBOOK_QUESTIONS[:3]]
+    need = -(-len(prompts[0]) // 16)  # blocks of one prompt
+    jobs = [batching.Job(f"h{i}", p, 24, frozenset()) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(ours, need + 6)  # one document, and a few blocks for every request's own tail
+    batch = batching.run_paged(ours, jobs, pool)
+    assert pool.hits > 0 and batch.preempted >= 1
+    for job, prompt in zip(jobs, prompts):
+        assert job.tokens == generate(ours, tokenizer, prompt, max_new_tokens=24, stop_ids=()).token_ids
+    assert pool.manager.num_used == 0
+    pool.manager.check()

@@ -7,6 +7,7 @@ from course_lib import formats
 from course_lib.context import chat_ids, edit_ids, story_ids
 from course_lib.generation import generate, stream
 from course_lib.model import Model
+from course_lib.sampling import SamplingConfig, logits_to_probs, make_sampler
 from course_lib.speculative import ModelDrafter, PromptLookup, accept_or_resample, early_exit
 
 from test_sampling import _chi_square_p_value, real_logits  # noqa: F401 - real_logits is a fixture
@@ -296,3 +297,48 @@ def test_drafted_tokens_record_the_models_probability(ours, tokenizer):
     assert spec.token_ids == plain.token_ids and spec.speculative.accepted > 0
     for a, b in zip(plain.steps, spec.steps):
         assert a.prob == pytest.approx(b.prob, abs=1e-4)
+
+
+def _pair_counts(small, flatter, tokenizer, prompt, config, n, drafter_seed):
+    """(first, second) token of n seeded runs through generate with a drafter, k = 1: the second is the verify
+    pass's. drafter_seed None: derived from each run's seed (the default); an int: the same in all runs."""
+    from collections import Counter
+    pairs = Counter()
+    for seed in range(n):
+        drafter = ModelDrafter(flatter, seed=drafter_seed)
+        r = generate(small, tokenizer, prompt, 2, stop_ids=(), pick=make_sampler(config, seed=seed), draft=drafter, k=1)
+        pairs[tuple(r.token_ids)] += 1
+    return pairs
+
+
+def test_sampled_speculation_end_to_end_keeps_the_pairs_distribution(tiny, tokenizer):
+    """Through generate, over many seeded runs: the first two tokens (the second drafted and judged) follow plain
+    sampling's P(t1) P(t2 | t1), computed from the model. The drafter is the model with its logits scaled by 0.6,
+    so its q shares p's support and differs from it. A drafter seeded alike in every run would draft the same
+    token after the same t1 in all of them and skew the second token: that is caught."""
+    import copy
+
+    from course_lib.forward import forward_logits
+    small = Model.from_transformers(tiny)
+    flat = copy.deepcopy(tiny)
+    with torch.no_grad():
+        flat.model.norm.weight.mul_(0.6)  # logits x 0.6: the same top 4 in the same order, flatter (q != p, same support)
+    flatter = Model.from_transformers(flat)
+    prompt = chat_ids(tokenizer, "Hi")
+    config = SamplingConfig(temperature=1.0, top_k=4)
+    p1 = logits_to_probs(forward_logits(small, prompt)[0, -1], config)
+    support = p1.nonzero().flatten().tolist()
+    exact = {}
+    for t1 in support:
+        p2 = logits_to_probs(forward_logits(small, prompt + [t1])[0, -1], config)
+        exact.update({(t1, t2): float(p1[t1] * p2[t2]) for t2 in p2.nonzero().flatten().tolist()})
+    keys = sorted(exact)
+    probs = torch.tensor([exact[k] for k in keys], dtype=torch.float64)
+
+    def p_value(pairs):
+        assert set(pairs) <= set(keys)  # nothing outside the filters' support
+        return _chi_square_p_value(torch.tensor([pairs[k] for k in keys], dtype=torch.float64), probs)
+
+    right, fixed = (p_value(_pair_counts(small, flatter, tokenizer, prompt, config, 600, seed)) for seed in (None, 0))
+    print(f"p-values: drafter seeded per run {right:.3g}, seeded alike {fixed:.3g}")
+    assert right > 1e-3 and fixed < 1e-3
