@@ -103,3 +103,68 @@ def test_some_answer_above_is_split_inside_a_character(tokenizer):
     decodes to U+FFFD alone."""
     pieces = [tokenizer.decode([t]) for a in ["日本", "café", "🙂 ok"] for t in tokenizer(a, add_special_tokens=False)["input_ids"]]
     assert any("\ufffd" in p for p in pieces)
+
+
+def _walk(mask, rng, end_id: int, limit: int = 80) -> list[int]:
+    """A random path through the mask: a token drawn uniformly from what it allows, until the end token is drawn
+    (each step that allows it draws it with probability one half) or `limit` tokens."""
+    path = []
+    for _ in range(limit):
+        allowed = mask.allowed().nonzero().flatten().tolist()
+        assert allowed, f"the mask allows nothing after {path}"  # a dead end: the mask let the output go astray
+        if end_id in allowed and (rng.random() < 0.5 or allowed == [end_id]):
+            return path + [end_id]
+        token = rng.choice([t for t in allowed if t != end_id])
+        mask.consume(token)
+        path.append(token)
+    return path
+
+
+def test_choice_mask_by_exhaustive_search(tokenizer):
+    """Every path the mask allows, searched exhaustively, spells one of the choices (sound), and every way the
+    tokenizer's own pieces can spell a choice is among them (complete)."""
+    import copy
+    choices = ["yes", "no", "Paris", "東京"]
+    ends, stack = set(), [(ChoiceMask(tokenizer, 2, choices), [])]
+    while stack:
+        mask, path = stack.pop()
+        allowed = mask.allowed().nonzero().flatten().tolist()
+        assert allowed, f"dead end after {path}"
+        for token in allowed:
+            if token == 2:
+                ends.add(tuple(path))
+                continue
+            nxt = copy.deepcopy(mask)
+            nxt.consume(token)
+            stack.append((nxt, path + [token]))
+    spelled = {bytes(b"".join(ChoiceMask(tokenizer, 2, choices).pieces[t] for t in p)).decode() for p in ends}
+    assert spelled == set(choices)
+    for choice in choices:
+        assert tuple(tokenizer(choice, add_special_tokens=False)["input_ids"]) in ends
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_schema_mask_random_walks_always_end_valid(tokenizer, name):
+    """Sound by sampling: 40 random walks through the grammar's mask, each token drawn uniformly among those it
+    allows, all end in JSON that validates; and complete on examples: a valid compact instance tokenized by the
+    tokenizer is allowed token by token."""
+    import random
+    rng = random.Random(0)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    finished = 0
+    for _ in range(40):
+        mask = SchemaMask(tokenizer, SCHEMAS[name])
+        path = _walk(mask, rng, end)
+        if path and path[-1] == end:
+            finished += 1
+            text = tokenizer.decode(path[:-1])
+            jsonschema.validate(json.loads(text), SCHEMAS[name])
+    assert finished >= 10  # most walks reach an end within the limit
+    example = {"receipt": {"name": "Ana", "date": "2024-05-01", "amount": 12.5},
+               "nested": {"person": {"name": "Bo"}, "items": ["tea", "cake"]},
+               "enum_and_bounds": {"currency": "SEK", "rating": 4}}[name]
+    mask = SchemaMask(tokenizer, SCHEMAS[name])
+    for token in tokenizer(json.dumps(example, separators=(",", ":")), add_special_tokens=False)["input_ids"]:
+        assert mask.allowed()[token]
+        mask.consume(token)
+    assert mask.complete and mask.allowed()[end]
