@@ -70,3 +70,23 @@ def test_stop_ids_end_a_job(model, tokenizer, prompts):
     run_schedule(model, [job], max_batch=1, continuous=True)
     assert job.tokens[-1] == 2 and job.finish_reason == "end_of_turn"
     assert tokenizer.decode(job.tokens, skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_padded_batches_on_the_real_model(model, tokenizer, prompts):
+    """The real model, prompts of 37 to 42 tokens left-padded into one batch: each row's first logits within 1e-4
+    of the prompt run alone (float32: padding changes the order of additions, not the function; 1e-4 is far above
+    the float32 rounding seen, about 1e-5, and far below the gap between two tokens that would flip a greedy pick
+    on these prompts), and the same greedy tokens."""
+    import torch
+
+    from course_lib.forward import run_model
+    chosen = prompts[:3]
+    batch = left_pad(chosen, tokenizer.pad_token_id)
+    assert batch.padding > 0
+    with torch.inference_mode():
+        together, _ = run_model(model, batch.input_ids, None, batch.attention_mask, batch.position_ids, keep=1)
+        for row, prompt in enumerate(chosen):
+            solo, _ = run_model(model, torch.tensor([prompt]), None, keep=1)
+            assert torch.allclose(solo[0, -1], together[row, -1], atol=1e-4, rtol=0)
+    for prompt, tokens in zip(chosen, generate_static(model, tokenizer, chosen, max_new_tokens=16)):
+        assert tokens == generate(model, tokenizer, prompt, max_new_tokens=16).token_ids
