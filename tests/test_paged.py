@@ -338,3 +338,22 @@ def test_prefix_hits_and_preemption_together_keep_the_real_model_tokens(ours, to
         assert job.tokens == generate(ours, tokenizer, prompt, max_new_tokens=24, stop_ids=()).token_ids
     assert pool.manager.num_used == 0
     pool.manager.check()
+
+
+def test_the_watermark_damps_admit_then_preempt_churn(small, tokenizer):
+    """Eight requests on a 10-block pool: admitted as soon as their prompt fits (watermark 0), newcomers are
+    preempted again and again as the running answers grow; keeping 4 blocks free at admission preempts and
+    recomputes less, and every request's tokens stay the same."""
+    questions = QUESTIONS + ["Tell me a joke.", "What is 2 + 2?", "Say hi.", "Name a fruit."]
+    runs = {}
+    for watermark in (0, 4):
+        jobs = [batching.Job(f"r{i}", chat_ids(tokenizer, q), 40) for i, q in enumerate(questions)]
+        pool = PagedKVCache.for_model(small, 10)
+        batch = batching.PagedBatch(small, pool, "preempt", 8, watermark=watermark)
+        batch.add(jobs)
+        while batch.jobs:
+            batch.step()
+        assert pool.manager.num_used == 0
+        runs[watermark] = (batch.preempted, batch.recomputed_tokens, [j.tokens for j in jobs])
+    assert runs[4][0] < runs[0][0] and runs[4][1] < runs[0][1]
+    assert runs[4][2] == runs[0][2]
