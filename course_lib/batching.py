@@ -334,6 +334,7 @@ class PagedBatch:
     def _preempt(self, job: Job, stamp: float) -> None:
         seq = self.seqs[job.name]
         seq.was_computed = seq.computed  # what recomputing it will redo, less what the prefix cache keeps
+        seq.preempted += 1
         self.pool.free(seq)
         self.running.remove(job)
         self.logits.pop(job.name, None)

@@ -157,6 +157,7 @@ class Sequence:
     names: list[bytes] = field(default_factory=list)  # the chained name of each full block, in order
     reused: int = 0  # tokens taken from the prefix cache when it was admitted
     was_computed: int = 0  # tokens it had computed when it was last preempted (recomputing redoes them)
+    preempted: int = 0  # times it was preempted (a scheduler counts them)
 
     def slot(self, position: int, block_size: int) -> int:
         """Where token `position` lives in the pool: its block's first slot plus the offset in the block."""
@@ -178,7 +179,8 @@ class PagedKVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.block_size, self.prefix_caching = block_size, prefix_caching
-        self.lookups = self.hits = 0  # prompt tokens asked for, and found, in the prefix cache
+        self.lookups = self.hits = 0  # prompt tokens asked for, and found, in the prefix cache (first admissions)
+        self.readmitted = self.refound = 0  # the same for preempted sequences coming back (their own blocks, often)
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = BLOCK_SIZE, prefix_caching: bool = True,
@@ -203,7 +205,15 @@ class PagedKVCache:
 
     @property
     def hit_rate(self) -> float:
+        """Share of the prompt tokens of first admissions found in the prefix cache. A preempted sequence that
+        comes back often finds its own blocks still cached: that is counted apart (`refound_rate`), not as
+        sharing."""
         return self.hits / self.lookups if self.lookups else 0.0
+
+    @property
+    def refound_rate(self) -> float:
+        """Share of the tokens of readmitted (preempted) sequences found in the cache."""
+        return self.refound / self.readmitted if self.readmitted else 0.0
 
     # ----- a sequence's life -----
     def reusable(self, seq: Sequence) -> tuple[list[bytes], list[int]]:
@@ -222,8 +232,10 @@ class PagedKVCache:
             self.manager.acquire(block)
         seq.blocks, seq.names = list(reuse), names[:len(reuse)]
         seq.computed = seq.reused = len(reuse) * self.block_size
-        self.lookups += len(seq.tokens)
-        self.hits += seq.computed
+        if seq.preempted:  # back after a preemption
+            self.readmitted, self.refound = self.readmitted + len(seq.tokens), self.refound + seq.computed
+        else:
+            self.lookups, self.hits = self.lookups + len(seq.tokens), self.hits + seq.computed
         return seq.computed
 
     def admit_cost(self, seq: Sequence, extra: int = 0) -> int:

@@ -357,3 +357,15 @@ def test_the_watermark_damps_admit_then_preempt_churn(small, tokenizer):
         runs[watermark] = (batch.preempted, batch.recomputed_tokens, [j.tokens for j in jobs])
     assert runs[4][0] < runs[0][0] and runs[4][1] < runs[0][1]
     assert runs[4][2] == runs[0][2]
+
+
+def test_a_preempted_request_finding_its_own_blocks_is_not_a_prefix_hit(small, tokenizer, stop):
+    """Under preemption, readmitted sequences often find their own blocks still cached: counted apart
+    (refound_rate), so hit_rate measures sharing between first admissions only."""
+    prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
+    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = PagedKVCache.for_model(small, 12)
+    batch = batching.run_paged(small, jobs, pool)
+    assert batch.preempted >= 1 and pool.readmitted > 0 and pool.refound > 0
+    assert pool.lookups == sum(len(p) for p in prompts)  # each prompt looked up once, at its first admission
+    assert pool.hits <= pool.lookups and pool.refound <= pool.readmitted

@@ -77,6 +77,19 @@ plt.show()
 # The price is at most one partly filled block per sequence (fewer than 16 slots each) and an indirection:
 # at each decode step, attention reads a sequence's keys and values block by block through its table
 # (lesson 16 writes that attention and measures it against copying the blocks out first).
+#
+# A paged server does not use less memory than it owns: it allocates its whole pool at start (vLLM takes a
+# share of the GPU's memory the same way). What paging buys is **requests per gigabyte** of that pool: how
+# many can run at once in the same bytes. For this trace, with each request held to its last token:
+
+# %%
+kv_token = model_kv_bytes_per_token(ours.config, ours.dtype)
+reserved = sum((len(j.prompt) + j.new_tokens) * kv_token for j in roomy.jobs)  # contiguous: prompt + allowance each
+held = paged.footprint([j.prompt + j.tokens for j in roomy.jobs])["blocks"] * roomy.pool.block_bytes  # shared once
+n = len(roomy.jobs)
+print(f"{n} requests at once: contiguous reservations {reserved / 1e6:.0f} MB, paged blocks {held / 1e6:.0f} MB "
+      f"-> {n / (reserved / 1e9):.0f} against {n / (held / 1e9):.0f} requests per GB of cache "
+      f"({reserved / held:.1f}x as many in the same memory)")
 
 # %% [markdown]
 # **Try it: the block size.** The trace's final sequences (each prompt with its answer), all held at once,
@@ -120,12 +133,43 @@ plots_perf.plot_block_tables(tables, pool.manager.ref)
 plt.show()
 print("blocks in use:", pool.manager.num_used, "| held by two or more sequences:",
       sum(1 for r in pool.manager.ref if r > 1), "| a table's length:", {n: len(t) for n, t in tables.items()})
-start = time.perf_counter()
-batch.step()  # one more decode step for the four
-step_s = time.perf_counter() - start
+step_times = []
+for _ in range(3):  # three more decode steps for the four; the median
+    start = time.perf_counter()
+    batch.step()
+    step_times.append(time.perf_counter() - start)
+step_s = sorted(step_times)[1]
 gather_s = paged_runs.gather_seconds(pool, [batch.seqs[n] for n in names])
-print(f"one decode step for the four: {step_s * 1000:.0f} ms; copying their pages into one tensor per layer, as a "
-      f"paged cache without a paged kernel must, would add about {gather_s * 1000:.0f} ms (section 7)")
+print(f"one decode step for the four: {step_s * 1000:.0f} ms (median of 3); copying their pages into one tensor per "
+      f"layer, as a paged cache without a paged kernel must, would add about {gather_s * 1000:.0f} ms (section 7)")
+
+# %% [markdown]
+# **What the model is handed.** The model never sees blocks: it is given a view of several sequences as one
+# batch (`pool.view(seqs)`), and in each step it asks the view where the new tokens' keys go and which slots
+# each row reads. Two made-up sequences of 20 and 40 tokens, as if already prefilled, in a small pool of their
+# own:
+
+# %%
+demo = paged.PagedKVCache.for_model(ours, num_blocks=8)
+short, longer = paged.Sequence(list(range(100, 120))), paged.Sequence(list(range(200, 240)))
+for seq in (short, longer):
+    demo.admit(seq)
+    demo.grow(seq, len(seq.tokens) + 1)  # blocks for what it holds and the token it is about to feed
+    demo.commit(seq, len(seq.tokens) - seq.computed)  # as if prefilled
+write, read = demo.view([short, longer]).slots(1)  # one new token each
+print("block tables:", short.blocks, longer.blocks)
+print("where each row's new token goes (pool slots):", write.tolist())
+print("read matrix (rows, columns):", tuple(read.shape), "| the short row's first columns:", read[0, :4].tolist(),
+      "... its padding repeats its first slot and is masked out; its last columns:", read[0, -3:].tolist())
+
+# %% [markdown]
+# Inside the model, each step follows one protocol with whatever cache it is given (lesson 11's `KVCache` or
+# this view; `kv_cache.Cache` writes it down): `cache.reserve(end)` once (the view finds blocks for the new
+# tokens), `cache.write(layer, keys, values, start)` in every layer (the view stores them at the write slots and
+# returns what attention reads; at decode, `attend` reads the blocks in place instead, lesson 16), then
+# `cache.length = end`, which commits the tokens and names the blocks they filled. `slots()` builds its lists in Python, token by
+# token, at every step: simple to read, and a cost that grows with the context (production engines keep the
+# tables as tensors on the device and compute slots there).
 
 # %% [markdown]
 # A block is named by a hash of its tokens chained with its parent's name (`paged.block_hash`), so a
