@@ -260,7 +260,7 @@ class PagedBatch:
                 continue
             if job.stopper is None:
                 job.stopper = Stopper(None, job.stop_ids, job.new_tokens, self.window - len(job.prompt))
-            self.seqs[job.name] = Sequence(list(job.prompt))
+            self.seqs[job.name] = Sequence(list(job.prompt), salt=job.cache_salt)
             self.waiting.append(job)
             self.events.append((self.now(), job.name, "queued"))
 

@@ -44,6 +44,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     schema: dict | None = None  # response_format json_schema / json_object: the schema the answer must follow
+    cache_salt: str = ""  # vLLM's extension: prefix-cache blocks are shared only between requests with the same salt
 
 
 # Parameters that would change the answer and that this server does not implement: refused, never ignored.
@@ -132,7 +133,12 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
     options = payload.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options", "invalid_type")
+    salt = payload.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError(400, "'cache_salt' must be a non-empty string (requests share cached prefixes only with the "
+                       "same salt)", "cache_salt", "invalid_type")
     return ChatRequest(messages, max_tokens, schema=_response_format(payload.get("response_format")),
+                       cache_salt=salt or "",
                        temperature=_number(payload, "temperature", 1.0, 0.0, 2.0),
                        top_p=_number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True),
                        seed=_integer(payload, "seed", None), stop=stop, stream=stream,

@@ -45,10 +45,17 @@ def block_hash(parent: bytes | None, tokens) -> bytes:
     return h.digest()[:16]
 
 
-def prefix_hashes(tokens, block_size: int = BLOCK_SIZE) -> list[bytes]:
-    """The chained names of every full block of these tokens (a partial last block has none).
-    Example: 40 tokens, blocks of 16 -> 2 names"""
-    names, parent = [], None
+def salt_root(salt: str = "") -> bytes | None:
+    """The parent of a sequence's first block: none, or a digest of its cache salt. Sequences with different
+    salts never share a block, even with equal tokens (vLLM's `cache_salt`): without it, anyone who can time a
+    request can tell whether another user sent the same prefix (a hit answers much sooner, section 3)."""
+    return hashlib.sha256(b"salt:" + salt.encode("utf-8")).digest()[:16] if salt else None
+
+
+def prefix_hashes(tokens, block_size: int = BLOCK_SIZE, salt: str = "") -> list[bytes]:
+    """The chained names of every full block of these tokens (a partial last block has none); `salt` separates
+    caches (salt_root). Example: 40 tokens, blocks of 16 -> 2 names"""
+    names, parent = [], salt_root(salt)
     for start in range(0, len(tokens) - block_size + 1, block_size):
         parent = block_hash(parent, tokens[start:start + block_size])
         names.append(parent)
@@ -158,6 +165,7 @@ class Sequence:
     reused: int = 0  # tokens taken from the prefix cache when it was admitted
     was_computed: int = 0  # tokens it had computed when it was last preempted (recomputing redoes them)
     preempted: int = 0  # times it was preempted (a scheduler counts them)
+    salt: str = ""  # its cache salt: blocks are shared only with sequences of the same salt
 
     def slot(self, position: int, block_size: int) -> int:
         """Where token `position` lives in the pool: its block's first slot plus the offset in the block."""
@@ -220,7 +228,7 @@ class PagedKVCache:
         """(the names of the sequence's full blocks, the cached blocks it may reuse). note: at most
         (len - 1) // block_size blocks, so the last token is always run (its logits pick the next token)
         and lands in a block of its own."""
-        names = prefix_hashes(seq.tokens, self.block_size)
+        names = prefix_hashes(seq.tokens, self.block_size, seq.salt)
         reuse = self.manager.match(names)[:(len(seq.tokens) - 1) // self.block_size] if self.prefix_caching else []
         return names, reuse
 
@@ -256,7 +264,7 @@ class PagedKVCache:
         seq.computed += n
         while self.prefix_caching and len(seq.names) < seq.computed // self.block_size:
             i = len(seq.names)
-            parent = seq.names[-1] if seq.names else None
+            parent = seq.names[-1] if seq.names else salt_root(seq.salt)
             seq.names.append(block_hash(parent, seq.tokens[i * self.block_size:(i + 1) * self.block_size]))
             self.manager.register(seq.blocks[i], seq.names[-1])
 

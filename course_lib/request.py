@@ -279,6 +279,7 @@ class Job:
     end: float = float("nan")
     draft: object = None  # a drafter (speculative.py): each step then verifies up to k drafted tokens
     k: int = 4
+    cache_salt: str = ""  # a paged cache shares prefix blocks only between jobs of the same salt (lesson 13)
 
     def emit(self, token: int, stamp: float) -> str | None:
         """Record one generated token (every scheduler records through here); returns a stop reason or None."""

@@ -246,7 +246,7 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             except SchemaError as err:
                 return _error(400, str(err), param="response_format", code="invalid_schema")
         job = Job(f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids, pick,
-                  stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop))
+                  stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop), cache_salt=req.cache_salt)
         headers = {"x-max-tokens-clamped": str(allowed)} if allowed < req.max_tokens else {}
         loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
         in_flight[0] += 1

@@ -369,3 +369,21 @@ def test_a_preempted_request_finding_its_own_blocks_is_not_a_prefix_hit(small, t
     assert batch.preempted >= 1 and pool.readmitted > 0 and pool.refound > 0
     assert pool.lookups == sum(len(p) for p in prompts)  # each prompt looked up once, at its first admission
     assert pool.hits <= pool.lookups and pool.refound <= pool.readmitted
+
+
+def test_a_cache_salt_keeps_equal_prefixes_apart():
+    """Equal tokens under different salts get different block names, so they never share a block; the same salt
+    shares as before; no salt is the plain chain."""
+    tokens = list(range(1000, 1040))
+    assert paged.prefix_hashes(tokens) != paged.prefix_hashes(tokens, salt="alice")
+    assert paged.prefix_hashes(tokens, salt="alice") != paged.prefix_hashes(tokens, salt="bob")
+    assert paged.prefix_hashes(tokens, salt="alice") == paged.prefix_hashes(tokens, salt="alice")
+    pool = PagedKVCache(1, 1, 1, 20)
+    found = []
+    for salt in ("alice", "bob", "alice", ""):
+        seq = Sequence(list(tokens), salt=salt)
+        found.append(pool.admit(seq))
+        pool.grow(seq, len(tokens))
+        pool.commit(seq, len(tokens) - seq.computed)
+        assert seq.names == paged.prefix_hashes(tokens, salt=salt)  # committed names carry the salt too
+    assert found == [0, 0, 32, 0]  # only alice's second request finds alice's blocks

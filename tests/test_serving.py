@@ -175,6 +175,7 @@ def test_the_server_runs_on_our_model(model, tokenizer):
     ({"n": 2}, "n", "unsupported_value"), ({"top_k": 5}, "top_k", "unsupported_parameter"),
     ({"logprobs": True}, "logprobs", "unsupported_parameter"), ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
     ({"stop": [""]}, "stop", None), ({"seed": 1.5}, "seed", "invalid_type"), ({"stream": "yes"}, "stream", "invalid_type"),
+    ({"cache_salt": ""}, "cache_salt", "invalid_type"), ({"cache_salt": 7}, "cache_salt", "invalid_type"),
 ])
 def test_errors_name_the_field_in_openai_shape(server, extra, param, code):
     r = httpx.post(server.url + "/v1/chat/completions", json={"messages": QUESTION, **extra}, timeout=30)
@@ -268,6 +269,23 @@ def test_paged_server_refuses_a_prompt_its_pool_cannot_hold_and_a_bad_cache_name
         handle.stop()
     with pytest.raises(ValueError, match="kv_cache must be one of"):
         start_server(model, tokenizer, port=free_port(), kv_cache="pages")
+
+
+def test_a_cache_salt_keeps_users_prefixes_apart_on_the_paged_server(model, tokenizer):
+    """The same long prompt under another salt finds nothing cached; under the same salt it finds its blocks."""
+    handle = start_server(model, tokenizer, port=free_port(), kv_cache="paged", kv_blocks=64)
+    messages = [{"role": "system", "content": "You answer questions about the weather in one short sentence. " * 4},
+                {"role": "user", "content": "Is it raining?"}]
+    rates = []
+    try:
+        for salt in ("alice", "bob", "alice"):
+            r = httpx.post(handle.url + "/v1/chat/completions", timeout=60,
+                           json={"messages": messages, "max_tokens": 1, "cache_salt": salt})
+            assert r.status_code == 200
+            rates.append(httpx.get(handle.url + "/health", timeout=10).json()["kv_blocks"]["prefix_hit_rate"])
+    finally:
+        handle.stop()
+    assert rates[0] == rates[1] == 0 and rates[2] > 0
 
 
 def test_an_engine_error_reaches_the_client_as_an_error(tiny, tokenizer):

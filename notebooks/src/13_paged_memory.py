@@ -31,7 +31,7 @@ from IPython.display import display
 from course_lib import paged, plots, plots_perf, widgets
 from course_lib.runtime import progress
 from course_lib.measure import trace as paged_runs
-from course_lib.batching import Job, PagedBatch
+from course_lib.batching import Job, PagedBatch, run_paged
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
 from course_lib.generation import end_of_turn_ids
 from course_lib.kv_cache import model_kv_bytes_per_token
@@ -224,6 +224,25 @@ plt.show()
 # hashes its blocks into the index, which takes microseconds), so their difference is this run's noise. Without
 # the warm-up call above, q1's miss came out clearly the slower in the course's own runs, and not when the
 # pair was repeated at once: the first prefill of a run pays for memory and kernels touched for the first time.
+#
+# **What a shared cache tells strangers.** The same gap is a side channel: on a server shared by many users,
+# anyone who times a request whose prompt starts like someone else's can tell whether that prefix was sent
+# before (a hit answers many times sooner, as above). Engines let a request carry a **cache salt** (vLLM's
+# `cache_salt`; here `Job(..., cache_salt=...)`, and the `cache_salt` field of lesson 10's server): the salt
+# starts the chain of block names, so requests share blocks only with the same salt. Three handbook questions,
+# the first and third from one user:
+
+# %%
+salted = paged.PagedKVCache.for_model(ours, num_blocks=200)
+for i, user in enumerate(["alice", "bob", "alice"]):
+    before = salted.hits
+    run_paged(ours, [Job(f"{user}-{i}", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[i]), 1, stop, cache_salt=user)],
+              salted)
+    print(f"{user:<6} question {i + 1}: {salted.hits - before:>5} prompt tokens found in the cache")
+
+# %% [markdown]
+# Bob's question finds nothing of Alice's, though the handbook is the same; Alice's second question finds her
+# own. The price is memory and time: each salt keeps its own copy of the document.
 #
 # The model's answers to these questions are another matter: a 135M-parameter model reads the handbook
 # and can answer wrongly (section 5's server cell prints its answers: read them against the handbook). Prefix caching changes how
