@@ -189,6 +189,7 @@ class PagedKVCache:
         self.block_size, self.prefix_caching = block_size, prefix_caching
         self.lookups = self.hits = 0  # prompt tokens asked for, and found, in the prefix cache (first admissions)
         self.readmitted = self.refound = 0  # the same for preempted sequences coming back (their own blocks, often)
+        self.copied = 0  # blocks copied on write (a fork's shared block written for the first time)
 
     @classmethod
     def for_model(cls, model, num_blocks: int, block_size: int = BLOCK_SIZE, prefix_caching: bool = True,
@@ -268,6 +269,33 @@ class PagedKVCache:
             seq.names.append(block_hash(parent, seq.tokens[i * self.block_size:(i + 1) * self.block_size]))
             self.manager.register(seq.blocks[i], seq.names[-1])
 
+    def fork(self, seq: Sequence) -> Sequence:
+        """A second sequence that continues from the same tokens (parallel sampling, n > 1; beam search): it takes
+        the same blocks, shared by reference count, and nothing is copied yet. The first time either writes into a
+        block they share (their last, partly filled one), that block is copied (copy-on-write, `writable`)."""
+        for block in seq.blocks:
+            self.manager.acquire(block)
+        return Sequence(list(seq.tokens), list(seq.blocks), seq.computed, list(seq.names), reused=seq.computed,
+                        salt=seq.salt)  # note: reused, so it never rolls back into what it shares
+
+    def writable(self, seq: Sequence, start: int, end: int) -> None:
+        """Make the blocks that positions [start, end) are written to the sequence's own: a block another
+        sequence also holds is copied to a fresh block first (all layers' keys and values), and the sequence's
+        table points to the copy. Full shared blocks are never written (appends only), so in practice this is a
+        fork's last, partial block."""
+        bs = self.block_size
+        for i in range(start // bs, min(len(seq.blocks), -(-end // bs))):
+            old = seq.blocks[i]
+            if self.manager.ref[old] <= 1:
+                continue
+            new = self.manager.allocate()
+            src, dst = slice(old * bs, (old + 1) * bs), slice(new * bs, (new + 1) * bs)
+            for keys, values in zip(self.keys, self.values):
+                keys[dst], values[dst] = keys[src], values[src]
+            self.manager.release(old)
+            seq.blocks[i] = new
+            self.copied += 1
+
     def free(self, seq: Sequence) -> None:
         """The sequence ends (or is preempted): its blocks go back, the last first, so a prefix's early blocks
         (the most shared) are the last to be forgotten."""
@@ -333,6 +361,8 @@ class PagedView:
         if len(self.seqs) > 1 and new != 1:
             raise ValueError(f"a paged batch of {len(self.seqs)} rows decodes one token per row, got {new}: "
                              "prefill each prompt alone")
+        for s in self.seqs:  # a block shared with a fork is copied before it is written
+            self.pool.writable(s, s.computed, s.computed + new)
         if new == 1 and self.pool.attention == "paged":  # decode: attention walks the tables (`attend`)
             self._write, self._read = self.slots(new, reads=False)
             self._plan = decode_plan(self.tables(), self.positions() + 1, self.pool.block_size, self.pool.tile_tokens,

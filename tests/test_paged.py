@@ -387,3 +387,37 @@ def test_a_cache_salt_keeps_equal_prefixes_apart():
         pool.commit(seq, len(tokens) - seq.computed)
         assert seq.names == paged.prefix_hashes(tokens, salt=salt)  # committed names carry the salt too
     assert found == [0, 0, 32, 0]  # only alice's second request finds alice's blocks
+
+
+def test_a_fork_shares_the_prompt_and_copies_its_last_block_on_write(small, tokenizer):
+    """Parallel sampling's fork: two branches from one prefilled prompt (37 tokens: two full blocks and a partial
+    one), fed different tokens, then decoded greedily together. The full blocks stay shared, the partial one is
+    copied once, and every step's logits equal the branch's whole sequence run from scratch."""
+    from course_lib.forward import forward_logits
+    from course_lib.generation import decode_step, prefill
+    prompt = chat_ids(tokenizer, "What is the capital of France?")[:37]
+    pool = PagedKVCache.for_model(small, 20)
+    a = Sequence(list(prompt))
+    pool.admit(a)
+    pool.grow(a, len(prompt))
+    prefill(small, prompt, cache=pool.view([a]))
+    b = pool.fork(a)
+    assert b.blocks == a.blocks and pool.manager.num_used == 3 and pool.copied == 0
+    branches = [(a, prompt + [1000]), (b, prompt + [2000])]  # each branch's tokens, the last one still to feed
+    for _ in range(5):
+        for seq, tokens in branches:
+            pool.grow(seq, len(tokens))
+        view = pool.view([seq for seq, _ in branches])
+        logits, _ = decode_step(small, [tokens[-1] for _, tokens in branches], view,
+                                attention_mask=view.attention_mask(1), positions=view.positions())
+        for row, (seq, tokens) in enumerate(branches):
+            reference = forward_logits(small, tokens)[0, -1]
+            assert torch.allclose(logits[row], reference, atol=1e-4, rtol=0)
+            tokens.append(int(logits[row].argmax()))
+    assert pool.copied == 1  # the partial block, once
+    assert a.blocks[:2] == b.blocks[:2] and a.blocks[2] != b.blocks[2]  # the full blocks stay shared
+    assert pool.manager.num_used == 4
+    for seq in (a, b):
+        pool.free(seq)
+    assert pool.manager.num_used == 0
+    pool.manager.check()

@@ -33,7 +33,7 @@ from course_lib.runtime import progress
 from course_lib.measure import trace as paged_runs
 from course_lib.batching import Job, PagedBatch, run_paged
 from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
-from course_lib.generation import end_of_turn_ids
+from course_lib.generation import decode_step, end_of_turn_ids, prefill
 from course_lib.kv_cache import model_kv_bytes_per_token
 from course_lib.model import Model
 
@@ -170,6 +170,34 @@ print("read matrix (rows, columns):", tuple(read.shape), "| the short row's firs
 # `cache.length = end`, which commits the tokens and names the blocks they filled. `slots()` builds its lists in Python, token by
 # token, at every step: simple to read, and a cost that grows with the context (production engines keep the
 # tables as tensors on the device and compute slots there).
+#
+# **Two answers to one prompt.** Asking for several answers at once (OpenAI's `n`, or beam search) needs no
+# second copy of the prompt: `pool.fork(seq)` gives a new sequence the same block table, each block shared by
+# reference count. The first time a branch writes into a block the other still holds (their last, partly
+# filled one), that block is copied (copy-on-write). One handbook prompt, two branches started from its two
+# likeliest first tokens, four steps:
+
+# %%
+forks = paged.PagedKVCache.for_model(ours, num_blocks=100)
+first_branch = paged.Sequence(handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]))
+forks.admit(first_branch)
+forks.grow(first_branch, len(first_branch.tokens))
+logits, _ = prefill(ours, first_branch.tokens, cache=forks.view([first_branch]))
+after_prompt = forks.manager.num_used
+second_branch = forks.fork(first_branch)
+top2 = logits[0].topk(2).indices.tolist()  # the two likeliest first tokens: one per branch
+branches = [(first_branch, [top2[0]]), (second_branch, [top2[1]])]  # (sequence, its answer so far)
+for _ in range(4):
+    for seq, answer in branches:
+        forks.grow(seq, seq.computed + 1)
+    view = forks.view([seq for seq, _ in branches])
+    step_logits, _ = decode_step(ours, [answer[-1] for _, answer in branches], view,
+                                 attention_mask=view.attention_mask(1), positions=view.positions())
+    for row, (_, answer) in enumerate(branches):
+        answer.append(int(step_logits[row].argmax()))
+print("the branches:", [tokenizer.decode(answer) for _, answer in branches])
+print(f"blocks: {after_prompt} for the prompt; {forks.manager.num_used} in use with both branches "
+      f"({forks.copied} copied on write); a second copy of the prompt would have taken {after_prompt} more")
 
 # %% [markdown]
 # A block is named by a hash of its tokens chained with its parent's name (`paged.block_hash`), so a
