@@ -217,11 +217,18 @@ def cache_bytes(cache) -> int:
 
 @dataclass
 class Request:
-    """One conversation: arrives at `arrival`, brings `prompt` tokens, then grows by one token per tick."""
+    """One conversation: arrives at `arrival`, brings `prompt` tokens, then grows by one token per tick until its
+    `answer` is done. `max_tokens`: the most it may write, what a server is told (it cannot know `answer` in
+    advance); None = the answer's length, a server that knew the future."""
     name: str
     arrival: int
     prompt: int
     answer: int
+    max_tokens: int | None = None
+
+    @property
+    def allowance(self) -> int:
+        return self.answer if self.max_tokens is None else self.max_tokens
 
 
 @dataclass
@@ -242,7 +249,8 @@ POLICIES = ("reject", "evict", "preempt")
 
 def simulate_budget(requests: list[Request], budget_tokens: int, policy: str) -> Outcome:
     """A server whose KV memory holds `budget_tokens` tokens, one tick per decode step.
-    "reject": admit a request only if its prompt plus its full answer can be reserved; otherwise turn it away.
+    "reject": admit a request only if its prompt plus its allowance (max_tokens) can be reserved; otherwise turn it
+    away (reserving the true answer length instead would need to know the future: max_tokens=None does that).
     "evict": admit whenever the prompt fits; when memory runs out drop the oldest conversations (lost for good).
     "preempt" (what vLLM does): admit whenever the prompt fits; when memory runs out, pause the most recently
     admitted request, free its memory, and put it first in the queue: when memory frees up it is readmitted
@@ -262,8 +270,8 @@ def simulate_budget(requests: list[Request], budget_tokens: int, policy: str) ->
             if req.prompt > budget_tokens:
                 out.status[req.name] = "rejected"
             elif policy == "reject":
-                reserved = sum(r.prompt + r.answer for r, _, _ in running.values())
-                if reserved + req.prompt + req.answer > budget_tokens:
+                reserved = sum(r.prompt + r.allowance for r, _, _ in running.values())
+                if reserved + req.prompt + req.allowance > budget_tokens:
                     out.status[req.name] = "rejected"
                 else:
                     running[req.name] = [req, req.prompt, 0]

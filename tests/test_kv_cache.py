@@ -87,3 +87,12 @@ def test_a_budget_that_is_not_a_positive_int_is_refused():
     for bad in (True, 0, 2.5):
         with pytest.raises(ValueError, match="budget"):
             simulate_budget(TRACE, bad, "reject")
+
+
+def test_reject_reserves_the_allowance_a_server_knows_not_the_true_answer():
+    """A server knows max_tokens, not the answer's length: reserving the allowance turns away at least as many as
+    reserving the true lengths (the oracle, max_tokens=None), and here strictly more."""
+    told = [Request(r.name, r.arrival, r.prompt, r.answer, max_tokens=128) for r in TRACE]
+    with_allowance, oracle = simulate_budget(told, 450, "reject"), simulate_budget(TRACE, 450, "reject")
+    assert with_allowance.finished < oracle.finished
+    assert Request("X", 0, 10, 20).allowance == 20 and Request("X", 0, 10, 20, max_tokens=64).allowance == 64

@@ -26,7 +26,7 @@ from .bench_part2 import (engine_section, formats_section, paged_section, servin
 from ..context import filler_ids, story_ids
 from ..generation import decode_step, prefill
 from .speed import cached_run, uncached_run
-from .timers import median
+from .timers import TIMING_TOKEN, median
 from ..runtime import describe_device, synchronize, time_it
 
 def weight_bytes(model) -> int:
@@ -46,11 +46,11 @@ def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> lis
     out = []
     for n in contexts:
         _, cache = prefill(model, filler_ids(tokenizer, n))
-        decode_step(model, [42], cache)  # warm-up step
+        decode_step(model, [TIMING_TOKEN], cache)  # warm-up step
         synchronize(model.device)
         start = time.perf_counter()
         for _ in range(steps):
-            decode_step(model, [42], cache)
+            decode_step(model, [TIMING_TOKEN], cache)
         synchronize(model.device)
         out.append((time.perf_counter() - start) / steps)
     return out

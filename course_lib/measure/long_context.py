@@ -17,7 +17,7 @@ from ..forward import run_model
 from ..generation import decode_n, prefill
 from ..long_context import (QuantizedKVCache, cache_bytes_per_token, crossover_tokens, found, long_text_ids,
                             needle_ids, stream_loss, KV_FORMATS, KV_TILE)
-from .timers import best_of, median
+from .timers import TIMING_TOKEN, best_of, median
 
 
 def filled_cache(model, context: int, bits: int | None = None):
@@ -37,7 +37,7 @@ def filled_cache(model, context: int, bits: int | None = None):
 
 def step_ms(model, context: int, bits: int | None = None, repeats: int = 5) -> float:
     """Milliseconds of one decode step (batch 1) after `context` tokens: the median of `repeats`, after a warm-up."""
-    cache, token = filled_cache(model, context, bits), torch.tensor([[42]], device=model.device)
+    cache, token = filled_cache(model, context, bits), torch.tensor([[TIMING_TOKEN]], device=model.device)
 
     def one():
         cache.length = context

@@ -17,7 +17,7 @@ import torch
 
 from ..generation import decode_step, generate, prefill
 from ..runtime import synchronize
-from .timers import best_of, median
+from .timers import TIMING_TOKEN, best_of, median
 
 
 def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -118,13 +118,13 @@ def decode_profile(model, prompt_ids: list[int], steps: int = 4) -> dict:
     operators counted per step, and the wall time per step."""
     from torch.profiler import ProfilerActivity, profile
     logits, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + steps + 2)
-    decode_step(model, [42], cache)  # warm-up
+    decode_step(model, [TIMING_TOKEN], cache)  # warm-up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if model.device.type == "cuda" else [])
     synchronize(model.device)
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            decode_step(model, [42], cache)
+            decode_step(model, [TIMING_TOKEN], cache)
         synchronize(model.device)
     wall = (time.perf_counter() - start) / steps
     groups: dict[str, float] = defaultdict(float)
@@ -149,12 +149,12 @@ def step_anatomy(model, prompt_ids: list[int], steps: int = 30) -> dict:
     operator costs to call (so calls x cost estimates the calling overhead)."""
     _, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + steps + 8)
     for _ in range(3):
-        decode_step(model, [42], cache)  # warm-up
+        decode_step(model, [TIMING_TOKEN], cache)  # warm-up
     gaps = []
     for _ in range(steps):
         synchronize(model.device)
         start = time.perf_counter()
-        decode_step(model, [42], cache)
+        decode_step(model, [TIMING_TOKEN], cache)
         synchronize(model.device)
         gaps.append(time.perf_counter() - start)
     linears = model.linears()

@@ -20,7 +20,7 @@ from ..generation import check_request, generate, prefill
 from ..kv_cache import length_of, positions_processed, rollback
 from ..sampling import greedy
 from ..runtime import progress
-from .timers import Stopwatch, best_of
+from .timers import TIMING_TOKEN, Stopwatch, best_of
 
 
 @dataclass
@@ -70,7 +70,7 @@ def verify_cost(model, prompt_ids: list[int], ks: list[int], repeats: int = 5) -
     _, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + max(ks) + 2)
     start, out = length_of(cache), {}
     for k in ks:
-        ids = torch.full((1, k + 1), 42, device=model.device)  # (1, k + 1)
+        ids = torch.full((1, k + 1), TIMING_TOKEN, device=model.device)  # (1, k + 1)
 
         def one_pass():
             run_model(model, ids, cache, keep=k + 1)

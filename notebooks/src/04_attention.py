@@ -186,8 +186,9 @@ print(f"KV cache per token in bfloat16: {bytes_per_token(cfg.num_key_value_heads
 
 # %% [markdown]
 # Heads in one group read the same keys and values but ask different questions (their queries
-# differ), so their heatmaps can still look different. The saving is in memory: the KV cache (lesson 07)
-# stores keys and values per key/value head, so it is three times smaller here.
+# differ), so their heatmaps can still look different. The saving is in memory and in reading: the KV cache
+# (lesson 07) stores keys and values per key/value head, so it is three times smaller here, and every decode
+# step reads three times fewer cache bytes (lesson 08 counts those bytes per step).
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(12, 4), layout="constrained")

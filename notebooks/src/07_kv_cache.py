@@ -181,29 +181,34 @@ for name, (layers, kv, d) in designs.items():
 # ## 6. A fixed KV budget: reject, evict, or preempt?
 #
 # A server has room for a fixed number of cached tokens. Requests arrive with different prompt and
-# answer lengths. Three policies: **reject** admits a request only if its whole answer can be reserved,
-# and turns it away otherwise; **evict** admits whenever the prompt fits and, when memory runs out,
+# answer lengths; the server knows each prompt but not how long the answer will be, only its `max_tokens`
+# (128 for every request here). Three policies: **reject** admits a request only if its prompt plus its
+# `max_tokens` can be reserved, and turns it away otherwise; **evict** admits whenever the prompt fits and, when memory runs out,
 # drops the oldest conversations (the ones with the most finished work); **preempt**, what production
 # servers such as vLLM do, also admits whenever the prompt fits but, when memory runs out, pauses the
 # most recently admitted request, frees its memory and recomputes its cache when room returns. One
 # trace, three policies, simulated step by step, with the work each throws away (tokens computed, then lost):
 
 # %%
-trace = [Request("A", 0, 60, 80), Request("B", 5, 40, 120), Request("C", 12, 120, 40), Request("D", 20, 30, 60),
-         Request("E", 30, 90, 50), Request("F", 45, 50, 40), Request("G", 60, 20, 30)]
+trace = [Request(name, arrival, prompt, answer, max_tokens=128) for name, arrival, prompt, answer in
+         [("A", 0, 60, 80), ("B", 5, 40, 120), ("C", 12, 120, 40), ("D", 20, 30, 60), ("E", 30, 90, 50),
+          ("F", 45, 50, 40), ("G", 60, 20, 30)]]
 BUDGET = 450  # tokens
 outcomes = {policy: simulate_budget(trace, BUDGET, policy) for policy in ("reject", "evict", "preempt")}
 for policy, out in outcomes.items():
     print(f"{policy:>7}: {out.finished} of {len(trace)} finished, {out.lost:4d} tokens of work lost, "
           f"{len(out.usage)} steps | " + ", ".join(f"{r.name} {out.status.get(r.name, '?')}" for r in trace))
+knew = simulate_budget([Request(r.name, r.arrival, r.prompt, r.answer) for r in trace], BUDGET, "reject")
+print(f"reject, had it known each answer's true length (no server does): {knew.finished} of {len(trace)} finished")
 
 # %%
 fig = plots_perf.plot_budget_runs(outcomes, BUDGET, [r.name for r in trace])
 plt.show()
 
 # %% [markdown]
-# Read the three lines above. Reserving whole answers never loses work but leaves memory idle (the
-# reserved space is not yet used) and turns requests away. Evicting the oldest keeps memory full but
+# Read the lines above. Reserving each request's allowance never loses work but leaves memory idle (the
+# reserved space is not yet used, and most of it never will be: answers are shorter than their `max_tokens`)
+# and turns requests away; the last line shows how much of that comes from not knowing the answers' lengths. Evicting the oldest keeps memory full but
 # throws away the conversations that had the most finished work. Preempting the newest also
 # recomputes tokens, but every request finishes: the lost work is a delay, not a lost answer. Lesson 13
 # builds this for real, with the cache allocated in small blocks on demand.
