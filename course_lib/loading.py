@@ -250,6 +250,15 @@ def time_cached_load(device: str = "cpu", dtype_name: str = "float32") -> float:
     return time.perf_counter() - start
 
 
+def _process_seconds() -> float | None:
+    """Seconds since this Python process started (None where psutil, which Jupyter's kernel brings, is missing)."""
+    try:
+        import psutil
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - an optional figure in a message
+        return None
+
+
 def load_model(name: str | None = None, *, device: str | None = None, dtype: str | None = None,
                attn_implementation: str = "sdpa", allow_network: bool = False,
                verbose: bool = True) -> Loaded:
@@ -271,6 +280,9 @@ def load_model(name: str | None = None, *, device: str | None = None, dtype: str
                    attn_implementation)
     if verbose:
         label = name or "SmolLM2-135M-Instruct"
+        since = _process_seconds()
         print(f"{label} ready on {dev} ({str(torch_dtype).split('.')[-1]}, {attn_implementation} attention) "
-              f"in {time.perf_counter() - start:.2f} s (+{imported:.1f} s importing libraries)")
+              f"in {time.perf_counter() - start:.2f} s (+{imported:.1f} s importing libraries"
+              + (f"; {since:.1f} s since this Python process started, all start-up and imports included)"
+                 if since is not None else ")"))
     return loaded
