@@ -358,6 +358,18 @@ else:
 # without its AMX kernel (the default build crashed in it on that machine), and one sitting on a 2-core
 # machine is one sample: a gap of a few percent can reverse in the next.
 #
+# **What this lesson does not build.** Production quantization goes further in three directions, none of them
+# measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
+# whose scales are themselves quantized, and the fragile tensors kept in more bits, the idea section 5's
+# layer-by-layer table points at. *Calibrated rounding* (GPTQ, AWQ): the rounding is chosen with a little real
+# text, so that the layer's outputs, not its weights, stay close (GPTQ corrects the error column by column;
+# AWQ scales the channels that large activations pass through before rounding; llama.cpp's "importance
+# matrix" is a cousin); whether the file here was rounded with any of them cannot be read from its blocks.
+# *Quantized activations* (W8A8, FP8 on recent GPUs): the
+# activations are rounded too, so the matrix product itself runs in 8-bit arithmetic; it helps prefill, which
+# is arithmetic-bound (section 6), where weight-only formats like these help decode, which is bound by
+# reading.
+#
 # ## Summary
 #
 # - The file on disk, the model in memory and the bytes read per token are three different numbers;

@@ -308,6 +308,17 @@ for t in (0.0, 0.7, 1.0):
           f"{r.speculative.tokens_per_verify:.2f} tokens per verify step | {r.text[:70]!r}")
 
 # %% [markdown]
+# **What this lesson does not build.** Production engines go further, and each step trades something. *Trees*
+# of drafts (SpecInfer, Medusa, EAGLE): several candidate continuations checked in one pass with an attention
+# mask shaped like the tree, so one rejected guess does not end the step; more rows per pass. *Batches*: here
+# one request drafts alone; in a server every row of a batch drafts and verifies, the verify pass grows by k
+# rows per request, and once the batch makes the step arithmetic-bound (lesson 09) the spare bandwidth that
+# speculation spends is gone: engines lower k or turn it off as the batch grows. *Composition*: drafts must be
+# checked against the grammar mask of lesson 15 (a drafted token the mask forbids can be rejected before
+# the verify pass) and written into the paged cache of lesson 13 (rolled back block by block). *Choosing k*:
+# the best k depends on the acceptance rate and on the costs of section 1; exercise 1's formula, evaluated
+# over k with this run's costs, finds it for one drafter and one task, and engines adapt it as they go.
+#
 # ---
 # ## Summary
 #

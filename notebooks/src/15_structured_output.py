@@ -177,6 +177,16 @@ server.stop()
 # The same request without `response_format` is section 1's free answer. A server that cannot compile the
 # schema answers 400 before generating anything (section 6's refusal, in the API's error shape).
 #
+# **What this lesson does not build.** The hand masks of section 2 test every token of the vocabulary at every
+# step. Grammar engines avoid that: they keep the vocabulary in a *trie* (tokens sharing a prefix are tested
+# together, and a failing prefix rules out every token below it), follow the grammar with a *pushdown*
+# automaton (a stack for nested objects and arrays, where a fixed pattern has none), and precompute what they
+# can per grammar state (XGrammar splits tokens into those decided by the state alone and those that need the
+# stack). Where the grammar leaves only one way on (a key's name, a closing quote and colon), they can *jump
+# forward*: append those tokens without asking the model, several per step. llguidance, used here, walks a
+# token trie with an Earley parser (a more general cousin of the pushdown automaton); `generate_json` still
+# asks the model for every token, so nothing here jumps forward.
+#
 # ## Summary
 #
 # - A grammar mask sets the logit of every token that would break the format to minus infinity; the
