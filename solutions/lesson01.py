@@ -27,3 +27,11 @@ def first_merge(text):
 def cost_of(prompt, answer, price_in, price_out):
     count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     return cost(count(prompt), price_in) + cost(count(answer), price_out)
+
+
+def count_prediction(text):
+    """Characters per token of the lesson's French text, a Latin-script language with accents, applied here."""
+    from pathlib import Path
+    french = (Path(__file__).resolve().parents[1] / "data" / "texts" / "french.txt").read_text()
+    per_token = len(french) / len(tokenizer(french, add_special_tokens=False)["input_ids"])
+    return len(text) / per_token

@@ -36,3 +36,14 @@ def rescue(messages, budget):
         if dropped == carried:
             return kept
         carried = dropped
+
+
+def context_prediction(messages):
+    """The texts' tokens, plus each message's overhead measured on one message, plus the generation prompt."""
+    two = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]  # exercise 2's chat
+    bare = len(context_ids(tokenizer, two, add_generation_prompt=False))
+    texts_two = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in two)
+    per_message = (bare - texts_two) / 2  # note: with a system message, so the template adds no default one
+    generation_prompt = len(context_ids(tokenizer, two)) - bare
+    texts = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in messages)
+    return texts + per_message * len(messages) + generation_prompt

@@ -19,3 +19,10 @@ def city_schema():
     return {"type": "object", "additionalProperties": False, "required": ["city", "population"],
             "properties": {"city": {"type": "string", "maxLength": 20},
                            "population": {"type": "integer", "minimum": 0, "maximum": 100_000_000}}}
+
+
+def inside_string_prediction():
+    """Inside a string nearly every token is allowed: those without a quote or a control character, roughly."""
+    from course_lib.structured import token_texts
+    texts = token_texts(tokenizer)
+    return sum(1 for t in texts if '"' not in t and "\\" not in t and all(ord(c) >= 32 for c in t))

@@ -16,3 +16,10 @@ def gather_bytes(rows, tokens):
 def tiles_computed(tokens, tile):
     n = -(-tokens // tile)
     return n * (n + 1) // 2
+
+
+def step_prediction(tokens=2000):
+    """A straight line through the steps at 500 and 1,000 tokens, extended."""
+    from course_lib.measure.attention import step_times
+    a, b = (step_times(model, 4, n, 16, repeats=3)["paged_ms"] for n in (500, 1000))
+    return a + (b - a) * (tokens - 500) / 500

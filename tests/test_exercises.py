@@ -415,3 +415,58 @@ def test_predict_then_measure(model, tokenizer, capital_logits, capsys):
     assert check_prediction(1.9, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
     assert not check_prediction(2.1, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
     assert not check_prediction(0.49, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
+
+
+def test_predict_then_measure_in_the_other_lessons(model, tokenizer):
+    """Lessons 00, 01, 02, 10, 14, 15, 16 and 17: a prediction reasoned from the lesson's own numbers passes, and the
+    guess each exercise is built to expose fails."""
+    from course_lib import formats
+    from course_lib.context import edit_ids
+    from course_lib.exercises import lesson14, lesson15, lesson16, lesson17
+    from course_lib.measure.long_context import step_curve
+    from course_lib.model import Model
+    from course_lib.structured import RECEIPT_SCHEMA
+
+    context = chat_ids(tokenizer, "What is the capital of France?")
+    s0 = solution(0, model, tokenizer)
+    assert lesson00.check_loop_share_prediction(s0.loop_share_prediction(context), model, tokenizer, context)
+    eight = generate(model, tokenizer, context, max_new_tokens=8, stop_ids=())
+    assert not lesson00.check_loop_share_prediction((eight.steps[-1].at - eight.steps[0].at) / eight.steps[-1].at,
+                                                    model, tokenizer, context)  # the 8-token run's share, unchanged
+
+    s1 = solution(1, model, tokenizer)
+    assert lesson01.check_count_prediction(s1.count_prediction(lesson01.SPANISH), tokenizer)
+    from pathlib import Path
+    english = (Path(__file__).resolve().parents[1] / "data" / "texts" / "english_prose.txt").read_text()
+    english_rate = len(english) / len(tokenizer(english, add_special_tokens=False)["input_ids"])
+    assert not lesson01.check_count_prediction(len(lesson01.SPANISH) / english_rate, tokenizer)  # English's rate
+
+    s2 = solution(2, model, tokenizer)
+    assert lesson02.check_context_prediction(s2.context_prediction(lesson02.PREDICT_CHAT), tokenizer)
+    assert not lesson02.check_context_prediction(sum(lesson02.text_tokens(tokenizer)), tokenizer)  # the texts alone
+
+    s10 = solution(10, model, tokenizer)
+    assert lesson10.check_load_prediction(s10.load_prediction(), model, tokenizer)
+    assert not lesson10.check_load_prediction(5.0, model, tokenizer)  # a decode step's time, no queue, no prefill
+
+    ours = Model.from_transformers(model)
+    edit = edit_ids(tokenizer)
+    s14 = solution(14, ours, tokenizer)
+    assert lesson14.check_verify_prediction(s14.verify_prediction(edit), ours, tokenizer, edit)
+    assert not lesson14.check_verify_prediction(5, ours, tokenizer, edit)  # k + 1: every draft accepted
+
+    s15 = solution(15, model, tokenizer)
+    assert lesson15.check_inside_string_prediction(s15.inside_string_prediction(), tokenizer, RECEIPT_SCHEMA)
+    assert not lesson15.check_inside_string_prediction(100, tokenizer, RECEIPT_SCHEMA)  # a handful of letters
+
+    s16 = solution(16, ours, tokenizer)
+    assert lesson16.check_step_prediction(s16.step_prediction(), ours)
+    from course_lib.measure.attention import step_times
+    quarter = step_times(ours, 4, 250, 16, repeats=3)["paged_ms"]
+    assert not lesson16.check_step_prediction(quarter * 2000 / 250, ours)  # in proportion to the context
+
+    int4 = formats.convert(ours, "int4")
+    s17 = solution(17, int4, tokenizer)
+    assert lesson17.check_step_prediction(s17.step_prediction(), int4)
+    short = step_curve(int4, [256], repeats=5)[0]["ms"]
+    assert not lesson17.check_step_prediction(short * 6000 / 256, int4)  # in proportion to the context

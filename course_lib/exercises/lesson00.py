@@ -6,7 +6,7 @@ import torch
 from ..context import chat_ids
 from ..generation import generate
 from ..forward import forward_logits
-from . import fresh, off, safely, verdict
+from . import check_prediction, fresh, off, safely, verdict
 
 TEXTS = ["What is the capital of France?", "Unbelievable!", "Paris, 2024 🇫🇷", ""]
 QUESTIONS = ["What is the capital of Italy?", "What is 2 + 2?"]
@@ -63,3 +63,14 @@ def check_answer(answer, model, tokenizer) -> bool:
                            f"character {same}. Hint: apply_chat_template with add_generation_prompt=True, then "
                            "generate(...).text with max_new_tokens=48")
     return verdict(True, "your function runs the whole pipeline: template, loop, stop, detokenize", "")
+
+
+def check_loop_share_prediction(prediction, model, tokenizer, context_ids: list[int], n: int = 100) -> bool:
+    """prediction: your prediction, written BEFORE this runs, of the share (0 to 1) of the end-to-end time that the
+    decode loop takes when the answer is n tokens long instead of the 8 timed above (no stop: exactly n)."""
+    def measure():
+        r = generate(model, tokenizer, list(context_ids), max_new_tokens=n, stop_ids=())
+        return (r.steps[-1].at - r.steps[0].at) / r.steps[-1].at  # after the first token / until the last
+    return check_prediction(prediction, measure, unit="share of the time", what=f"in the decode loop for {n} tokens",
+                            tolerance=1.1, hint="The first token's cost (prefill) is paid once; every further token "
+                                                "adds one decode step, so the loop's share grows with the answer")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ..tokenization import cl100k_tokens, cost, encode
-from . import fresh, off, safely, verdict
+from . import check_prediction, fresh, off, safely, verdict
 
 TEXTS = ["What is the capital of France?", "1,000,000 tokens", "Crème brûlée 東京 👨‍👩‍👧", "", "def f(x):\n    return x"]
 PIECES = ["the", "Paris", "1,984", "tokenization", "東京", "🎉", "x = 3", "naïve", "!!", "\n", "    ", "internationally"]
@@ -77,3 +77,16 @@ def check_cost(cost_of, tokenizer) -> bool:
                            f"{price_in}/{price_out} per million you returned {got!r}, {off(got, want)}. Hint: count "
                            "tokens, not characters or words; each side at its own price, per million")
     return verdict(True, "an answer token costs more than a prompt token, and you can price both before you send", "")
+
+
+SPANISH = ("El veloz murciélago hindú comía feliz cardillo y kiwi; la cigüeña tocaba el saxofón detrás del "
+           "palenque de paja.")
+
+
+def check_count_prediction(prediction, tokenizer, text: str = SPANISH) -> bool:
+    """prediction: your prediction, written BEFORE this runs, of the model's tokens for `text` (the table of
+    characters per token above is the guide). The check counts them."""
+    return check_prediction(prediction, lambda: len(encode(tokenizer, text)), unit="tokens",
+                            what=f"for these {len(text)} characters", tolerance=1.25,
+                            hint="This tokenizer was trained mostly on English: accented words in another language "
+                                 "break into more pieces than English prose does")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..context import ContextOverflowError, context_ids, fit_to_budget
 from ..generation import generate
-from . import fresh, safely, verdict
+from . import check_prediction, fresh, safely, verdict
 
 CONVERSATION = Path(__file__).resolve().parents[2] / "data" / "conversation.json"
 CHATS = [
@@ -159,3 +159,25 @@ def check_rescue(rescue, model, tokenizer, budget: int = 200) -> bool:
                    "model used them is the table above: text it can see is necessary, not sufficient. Try wording "
                    "what you carry differently (in the third person, say) and rerun: the grade stays, the table "
                    "may change", "")
+
+
+PREDICT_CHAT = [{"role": "system", "content": "You are a patient maths tutor."},
+                {"role": "user", "content": "What is a prime number?"},
+                {"role": "assistant", "content": "A whole number above 1 whose only divisors are 1 and itself."},
+                {"role": "user", "content": "Is 51 prime?"},
+                {"role": "assistant", "content": "No: 51 is 3 times 17."},
+                {"role": "user", "content": "And 53?"}]
+
+
+def text_tokens(tokenizer, messages=PREDICT_CHAT) -> list[int]:
+    """Each message's text alone, in tokens (what the exercise shows before you predict)."""
+    return [len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in messages]
+
+
+def check_context_prediction(prediction, tokenizer, messages=PREDICT_CHAT) -> bool:
+    """prediction: your prediction, written BEFORE this runs, of the tokens the model reads for `messages`, with
+    the generation prompt (the texts' own counts are printed first). The check renders the template and counts."""
+    return check_prediction(prediction, lambda: len(context_ids(tokenizer, messages)), unit="tokens",
+                            what=f"for these {len(messages)} messages", tolerance=1.1,
+                            hint="Each message also costs its role markers; exercise 2 measured them for two "
+                                 "messages, and the generation prompt comes once at the end")

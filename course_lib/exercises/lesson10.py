@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from . import fresh, safely, verdict
+from . import check_prediction, fresh, safely, verdict
 
 PIECES = ["Par", "is", ".", " The", " capital", " é", "té", " 東京", "👋", " naïve", " 42", "\n", " \"quoted\""]
 QUESTIONS = ["Name three colours.", "Why is the sky blue?", "Qu'est-ce que c'est ?", "How far is the Moon?"]  # not the lesson's
@@ -70,3 +70,45 @@ def check_ttft(ttft, arrivals: list[float] | None = None) -> bool:
             return verdict(False, "", f"for start {start} and pieces arriving at {times} you returned {got!r}. "
                            "Hint: the user waits from the request until the first piece arrives")
     return verdict(True, "time to first token, as a user feels it", "")
+
+
+def mean_ttft(url: str, clients: int, max_tokens: int = 40) -> float:
+    """Seconds to the first content piece, averaged over `clients` streaming requests sent at once (section 3's
+    load test, written again so the check can run after the lesson's server is stopped)."""
+    import threading
+    import time
+
+    import openai
+    client = openai.OpenAI(base_url=url + "/v1", api_key="local", timeout=120, max_retries=0)
+    firsts = {}
+
+    def one(i):
+        start = time.perf_counter()
+        for chunk in client.chat.completions.create(model="smollm2-135m-instruct", stream=True, max_tokens=max_tokens,
+                                                    messages=[{"role": "user", "content": f"Tell me about the number {i}."}]):
+            if chunk.choices and chunk.choices[0].delta.content:
+                firsts.setdefault(i, time.perf_counter() - start)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(firsts) != clients:
+        raise RuntimeError(f"only {len(firsts)} of {clients} streams sent any text")
+    return sum(firsts.values()) / clients
+
+
+def check_load_prediction(prediction_ms, model, tokenizer, clients: int = 4, tolerance: float = 1.6) -> bool:
+    """prediction_ms: your prediction, written BEFORE this runs, of the mean time to first token when `clients`
+    requests arrive at once (section 3 measured 1 and 8). The check starts a server on loopback, measures, stops it."""
+    def measure():
+        from ..serving import free_port, start_server
+        server = start_server(model, tokenizer, port=free_port())
+        try:
+            mean_ttft(server.url, 1)  # warm-up: the first request of a server pays extra
+            return 1000 * mean_ttft(server.url, clients)
+        finally:
+            server.stop()
+    return check_prediction(prediction_ms, measure, unit="ms", what=f"mean time to first token, {clients} clients",
+                            tolerance=tolerance, hint="Section 3's two rows bracket it: the prompts arriving together "
+                                                      "are prefilled together, and each client waits for that")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..speculative import PromptLookup, expected_tokens_per_verify
-from . import safely, verdict
+from . import check_prediction, safely, verdict
 
 
 def check_speedup(speedup) -> bool:
@@ -50,3 +50,16 @@ def check_tokens_per_verify(tokens_per_verify) -> bool:
             return verdict(False, "", f"for a={a}, k={k} you said {got!r}, expected {want:.4f}. Hint: token i of the "
                            "draft counts only if all i before it were accepted too (probability a^i); add the model's own one")
     return verdict(True, "at a = 0.8, k = 6 a verify step yields about 3.9 tokens on average", "")
+
+
+def check_verify_prediction(prediction, model, tokenizer, prompt_ids: list[int], k: int = 4, n: int = 40) -> bool:
+    """prediction: your prediction, written BEFORE this runs, of the tokens per verify step of prompt lookup at k on
+    this prompt (section 4 printed k = 2 and k = 6). Greedy, so the count repeats run after run."""
+    from ..generation import generate
+
+    def measure():
+        return generate(model, tokenizer, list(prompt_ids), n, stop_ids=(), draft=PromptLookup(3), k=k
+                        ).speculative.tokens_per_verify
+    return check_prediction(prediction, measure, unit="tokens per verify", what=f"at k = {k}", tolerance=1.25,
+                            hint="A verify step yields at most k + 1 tokens, and only while the copied passage keeps "
+                                 "matching: read how k = 2 and k = 6 compared")

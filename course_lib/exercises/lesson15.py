@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from ..structured import ChoiceMask, SchemaMask, generate_json
-from . import safely, verdict
+from . import check_prediction, safely, verdict
 
 AGE_SCHEMA = {"type": "object", "properties": {"age": {"type": "integer"}}}
 CANDIDATES = [" 4", "4", "-", '"4"', "}"]
@@ -70,3 +70,17 @@ def check_city_schema(city_schema, model, tokenizer) -> bool:
     loose = generate_json(model, tokenizer, QUESTION, unbounded, 48)
     print(f"the same request with no maximum on population: {loose.text!r} (complete: {loose.complete})")
     return verdict(True, f"the model answered {r.text}, valid for your schema", "")
+
+
+def check_inside_string_prediction(prediction, tokenizer, schema: dict, prefix: str = '{"name":"') -> bool:
+    """prediction: your prediction, written BEFORE this runs, of how many of the vocabulary's tokens the schema's
+    mask allows right after `prefix` (inside the name's string). The check feeds the prefix and counts."""
+    def measure():
+        mask = SchemaMask(tokenizer, schema)
+        for token in tokenizer(prefix, add_special_tokens=False)["input_ids"]:
+            mask.consume(token)
+        return int(mask.allowed().sum())
+    return check_prediction(prediction, measure, unit="tokens", what=f"allowed after {prefix}", tolerance=2.0,
+                            hint="Inside a string almost anything may come next: only tokens that would break the "
+                                 "string (a bare quote in the wrong place, control characters) or overrun its "
+                                 "maxLength are masked")

@@ -9,7 +9,7 @@ import random
 import torch
 
 from ..attention_kernels import tiled_attention
-from . import safely, verdict
+from . import check_prediction, safely, verdict
 
 
 def check_merge(merge_sums) -> bool:
@@ -65,3 +65,13 @@ def check_tiles(tiles_computed) -> bool:
                            "a different number. Hint: count the tiles per side (a last, partial tile counts too); query "
                            "tile i needs key tiles 0 to i")
     return verdict(True, "about half the tiles: causal attention skips the rest without reading them", "")
+
+
+def check_step_prediction(prediction_ms, model, tokens: int = 2000, rows: int = 4, tolerance: float = 1.5) -> bool:
+    """prediction_ms: your prediction, written BEFORE this runs, of one decode step through the block tables for
+    `rows` rows of `tokens` tokens each (section 6 measured 250, 500 and 1,000). The check measures it."""
+    from ..measure.attention import step_times
+    return check_prediction(prediction_ms, lambda: step_times(model, rows, tokens, 16, repeats=3)["paged_ms"], unit="ms",
+                            what=f"per step, {rows} rows x {tokens:,} tokens, through the tables",
+                            tolerance=tolerance, hint="The weights cost the same at any context; the cache's share "
+                                                      "grows in a straight line with it: extend the printed points")

@@ -11,7 +11,7 @@ import torch
 
 from ..attention import rotary_cos_sin
 from ..long_context import WindowCache
-from . import safely, verdict
+from . import check_prediction, safely, verdict
 
 
 def check_kv8_bytes(kv8_bytes) -> bool:
@@ -71,3 +71,13 @@ def check_kept(kept) -> bool:
                            "something else. Hint: nothing leaves until the budget is full; then the first `sinks` "
                            "positions stay and the rest are the most recent")
     return verdict(True, "the sinks stay forever; everything else is the most recent budget - sinks tokens", "")
+
+
+def check_step_prediction(prediction_ms, model, context: int = 6000, tolerance: float = 1.4) -> bool:
+    """prediction_ms: your prediction, written BEFORE this runs, of one decode step of this model with `context`
+    tokens in its cache (section 1 measured five contexts and fitted a line). The check measures it (median of 5)."""
+    from ..measure.long_context import step_curve
+    return check_prediction(prediction_ms, lambda: step_curve(model, [context], repeats=5)[0]["ms"], unit="ms",
+                            what=f"per decode step at {context:,} tokens", tolerance=tolerance,
+                            hint="Read it off section 1's line (intercept plus slope times the context), for the "
+                                 "same weight format")

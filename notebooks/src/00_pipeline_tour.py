@@ -302,4 +302,14 @@ def answer(question):
 ex.check_answer(answer, model, tokenizer)
 
 # %% [markdown]
+# **4. Predict, then measure.** The chart above split 8 new tokens' time into steps. For an answer of **100**
+# tokens to the same context, what share of the end-to-end time will the decode loop (everything after the
+# first token) take? Write a number between 0 and 1 in `prediction` before running the check: it generates
+# exactly 100 tokens and measures.
+
+# %%
+prediction = None  # your prediction: the decode loop's share of the time, 0 to 1
+ex.check_loop_share_prediction(prediction, model, tokenizer, context_ids, n=100)
+
+# %% [markdown]
 # **Next:** 01 · tokenization, where we look closely at how text becomes tokens and what they cost.

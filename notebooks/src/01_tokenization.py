@@ -289,4 +289,14 @@ def cost_of(prompt, answer, price_in, price_out):
 ex.check_cost(cost_of, tokenizer)
 
 # %% [markdown]
+# **5. Predict, then measure.** How many tokens does the model's tokenizer make of this Spanish sentence? Use
+# section 4's table (characters per token for each kind of text) and write your number in `prediction` before
+# running the check.
+
+# %%
+print(repr(ex.SPANISH), f"({len(ex.SPANISH)} characters)")
+prediction = None  # your prediction: tokens
+ex.check_count_prediction(prediction, tokenizer)
+
+# %% [markdown]
 # **Next:** 02 · context assembly, where tokens are wrapped into the exact context the model reads.

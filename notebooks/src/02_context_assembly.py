@@ -296,4 +296,15 @@ def rescue(messages, budget):
 ex.check_rescue(rescue, model, tokenizer)
 
 # %% [markdown]
+# **5. Predict, then measure.** The next cell prints a short conversation and each message's text in tokens.
+# Predict how many tokens the model reads for the whole conversation, generation prompt included, and write it
+# in `prediction` before running the check (exercise 2's measurement helps).
+
+# %%
+for m, n in zip(ex.PREDICT_CHAT, ex.text_tokens(tokenizer)):
+    print(f"{m['role']:<10} {n:>3} tokens  {m['content']!r}")
+prediction = None  # your prediction: tokens the model reads
+ex.check_context_prediction(prediction, tokenizer)
+
+# %% [markdown]
 # **Next:** 03 · the forward pass, where these tokens go through the model's layers.

@@ -256,5 +256,14 @@ def ttft(start, arrival_times):
 ex.check_ttft(ttft)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 3 measured the mean time to first token with one client and with
+# eight at once. Predict it, in milliseconds, for **four** clients at once and write it in `prediction_ms`;
+# the check starts a fresh server on loopback, sends one warm-up request, then the four, and stops it.
+
+# %%
+prediction_ms = None  # your prediction: mean time to first token with 4 clients, in ms
+ex.check_load_prediction(prediction_ms, model, tokenizer, clients=4)
+
+# %% [markdown]
 # **Next:** you have followed one prompt from a keystroke to a streamed answer. Go back to lesson 00:
 # every step of the tour is now something you have measured yourself.

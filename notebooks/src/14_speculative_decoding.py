@@ -372,4 +372,12 @@ def tokens_per_verify(a, k):
 ex.check_tokens_per_verify(tokens_per_verify)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 4 printed prompt lookup's tokens per verify step on the edit at k = 2
+# and k = 6. Predict it at **k = 4** and write it in `prediction`; the check runs the same 40 greedy tokens.
+
+# %%
+prediction = None  # your prediction: tokens per verify step at k = 4
+ex.check_verify_prediction(prediction, ours, tokenizer, edit, k=4)
+
+# %% [markdown]
 # **Next:** 15 · structured output: masking the logits so the answer is valid JSON.

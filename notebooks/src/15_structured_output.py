@@ -238,6 +238,15 @@ def city_schema():
 ex.check_city_schema(city_schema, model, tokenizer)
 
 # %% [markdown]
+# **4. Predict, then measure.** Under the receipt schema, after the answer so far is `{"name":"`, how many of
+# the vocabulary's 49,152 tokens does the mask allow? Write your number in `prediction`; the check feeds that
+# prefix to the grammar engine and counts.
+
+# %%
+prediction = None  # your prediction: tokens allowed inside the name's string
+ex.check_inside_string_prediction(prediction, tokenizer, RECEIPT_SCHEMA)
+
+# %% [markdown]
 # **End of Part II.** From lesson 11's model written out to here, each part of the engine was measured
 # against the plain path, and each one meant to keep the answer (paged memory, drafters) was shown to
 # keep it token for token; the formats (12) and the grammar masks (15) change it, by a measured amount

@@ -346,5 +346,14 @@ def tiles_computed(tokens, tile):
 ex.check_tiles(tiles_computed)
 
 # %% [markdown]
+# **4. Predict, then measure.** Section 6 timed a decode step through the tables for 4 rows at 250, 500 and
+# 1,000 tokens. Predict the milliseconds at **2,000** tokens per row and write them in `prediction_ms`; the check
+# builds the pool and measures (median of 3).
+
+# %%
+prediction_ms = None  # your prediction: ms per step, 4 rows x 2,000 tokens
+ex.check_step_prediction(prediction_ms, ours, tokens=2000)
+
+# %% [markdown]
 # **Next:** 17 · long context: what a long conversation costs per step, what happens at the end of the
 # window, and a cache in 8 bits.
