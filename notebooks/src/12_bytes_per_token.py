@@ -206,6 +206,25 @@ for n in ["float32", "int8", "int4"]:
     print(f"{n:<8} answers {generate(models[n], tokenizer, prompts[0], 16).text!r}")
 
 # %% [markdown]
+# Where does int4's small distance come from? It changes three things at once: activations in bfloat16, the
+# 4-bit layers' scales rounded to bfloat16, and an int8 head. Swapping one part at a time splits it (the same
+# positions; each line differs from the one above it in one part):
+
+# %%
+parts = {"bfloat16 (activations and weights)": models["bfloat16"],
+         "int4 layers, bfloat16 head": formats.convert(ours, "int4", head="float"),
+         "int4 layers, int8 head (the int4 format)": models["int4"]}
+for label, m in parts.items():
+    qd = agreement(ours, m, sequences, [len(p) - 1 for p in prompts])
+    print(f"{label:<42} KL {qd['kl']:.5f} nats   top-1 agreement {qd['top1_agreement']:.3f}")
+
+# %% [markdown]
+# Read these lines with the table above it. `int4-float32` there (the same 4-bit layers, with float32
+# activations and a float32 head) should sit at zero: the layers' blocks are the file's. So what separates the
+# int4 format from the file is the bfloat16 arithmetic (the middle line, beside plain bfloat16's first) and the
+# int8 head (the step from the middle line to the last).
+
+# %% [markdown]
 # **What breaks first?** The file already rounded the layers to 4 bits; we can round further and watch the
 # perplexity: symmetric 4-bit (one scale, no minimum), 4 bits in groups of 64, 3 bits and 2 bits, each
 # applied either to every layer matrix or to the output head alone (the embedding lookup keeps the file's
