@@ -211,8 +211,11 @@ for n in ["float32", "int8", "int4"]:
 # positions; each line differs from the one above it in one part):
 
 # %%
-parts = {"bfloat16 (activations and weights)": models["bfloat16"],
-         "int4 layers, bfloat16 head": formats.convert(ours, "int4", head="float"),
+import copy
+
+bf16_head = copy.copy(models["int4"])  # the int4 model's layers, the bfloat16 model's head: no new weights
+bf16_head.lm_head = models["bfloat16"].lm_head
+parts = {"bfloat16 (activations and weights)": models["bfloat16"], "int4 layers, bfloat16 head": bf16_head,
          "int4 layers, int8 head (the int4 format)": models["int4"]}
 for label, m in parts.items():
     qd = agreement(ours, m, sequences, [len(p) - 1 for p in prompts])
