@@ -179,13 +179,21 @@ def plot_gaps(gaps_seconds: list[float], ax=None, title: str = "Inter-token late
     return ax
 
 
-def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line: bool = False, label=None):
+def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line: bool = False, label=None,
+            spread=None):
     """A measured curve with markers; optionally a least-squares line through it. The y axis starts at 0 for
-    positive data, so a rise of a few percent is not drawn across the whole panel."""
+    positive data, so a rise of a few percent is not drawn across the whole panel.
+    spread: (lowest, highest) of the repeated measurements behind each point, drawn as a bar, so a noisy run
+    looks noisy."""
     ax = axes_or_new(ax)
-    ax.plot(xs, ys, "o-", markersize=4, label=label)
+    line, = ax.plot(xs, ys, "o-", markersize=4, label=label)
+    if spread is not None:
+        low = [y - lo for y, (lo, _) in zip(ys, spread)]
+        high = [hi - y for y, (_, hi) in zip(ys, spread)]
+        ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.7)
+    top = max([hi for _, hi in spread] if spread is not None else ys)
     if min(ys) >= 0:
-        ax.set_ylim(0, max(ys) * 1.1 or 1)
+        ax.set_ylim(0, top * 1.1 or 1)
     if fit_line and len(xs) > 1:
         import numpy as np
         slope, intercept = np.polyfit(xs, ys, 1)

@@ -41,6 +41,26 @@ def prefill_seconds(model, tokenizer, lengths: list[int], repeats: int = 3) -> l
 
 
 @torch.inference_mode()
+def prefill_timings(model, tokenizer, lengths: list[int], repeats: int = 3) -> list:
+    """Every repeat of a prefill of each length (runtime.Timing: best, median, all the seconds), for plots that
+    show the spread; prefill_seconds keeps only the best."""
+    return [time_it(lambda n=n: prefill(model, filler_ids(tokenizer, n)), model.device, repeats=repeats)
+            for n in lengths]
+
+
+@torch.inference_mode()
+def decode_timings(model, tokenizer, contexts: list[int], steps: int = 8) -> list:
+    """Every decode step's seconds once the cache holds `context` tokens (runtime.Timing per context), after one
+    warm-up step; decode_seconds keeps only their mean."""
+    out = []
+    for n in contexts:
+        _, cache = prefill(model, filler_ids(tokenizer, n))
+        out.append(time_it(lambda cache=cache: decode_step(model, [TIMING_TOKEN], cache), model.device,
+                           repeats=steps, warmup=1))
+    return out
+
+
+@torch.inference_mode()
 def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> list[float]:
     """Mean time of one decode step once the cache holds `context` tokens."""
     out = []

@@ -21,7 +21,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import course_lib
 from course_lib import plots
-from course_lib.measure.bench import prefill_seconds, decode_seconds, memory_bandwidth, weight_bytes
+from course_lib.measure.bench import decode_timings, memory_bandwidth, prefill_seconds, decode_seconds, prefill_timings, weight_bytes
 from course_lib.kv_cache import model_kv_bytes_per_token
 from course_lib.context import filler_ids
 from course_lib.anatomy import flops_per_token
@@ -41,13 +41,16 @@ print(describe_device(model.device))
 
 # %%
 lengths = [16, 64, 256, 1024]
-prefill_s = prefill_seconds(model, tokenizer, lengths)
-for n, s in zip(lengths, prefill_s):
-    print(f"{n:>5} prompt tokens: {s * 1000:7.1f} ms  -> {n / s:7.0f} tokens/s")
+prefill_runs = prefill_timings(model, tokenizer, lengths, repeats=3)
+prefill_s = [t.best for t in prefill_runs]
+for n, t in zip(lengths, prefill_runs):
+    print(f"{n:>5} prompt tokens: {t.best * 1000:7.1f} ms (best of 3; slowest {max(t.seconds) * 1000:.1f})  -> "
+          f"{n / t.best:7.0f} tokens/s")
 
 # %%
 ax = plots.plot_xy(lengths, [n / s for n, s in zip(lengths, prefill_s)], "prompt tokens", "prefill tokens per second",
-                   title="Prefill: tokens per second against prompt length")
+                   spread=[(n / max(t.seconds), n / min(t.seconds)) for n, t in zip(lengths, prefill_runs)],
+                   title="Prefill: tokens per second against prompt length (best of 3; bars: all 3)")
 ax.set_xscale("log", base=2)
 plt.show()
 
@@ -63,7 +66,8 @@ plt.show()
 
 # %%
 contexts = [16, 256, 1024, 2048, 4096]
-decode_s = decode_seconds(model, tokenizer, contexts)
+decode_runs = decode_timings(model, tokenizer, contexts, steps=8)
+decode_s = [t.mean for t in decode_runs]  # the mean of 8 steps at each context
 for c, s in zip(contexts, decode_s):
     print(f"context {c:>5}: {s * 1000:6.1f} ms per token -> {1 / s:5.1f} tokens/s")
 print(f"prefill at {lengths[-1]} tokens is {lengths[-1] / prefill_s[-1] / (1 / decode_s[0]):.0f}x more tokens per second "
@@ -168,7 +172,8 @@ print(f"KV cache: {kv_per_token:,.0f} bytes per token -> equals the weights at {
 print(f"measured: +{slope * 1e6:.2f} us per cached token; reading those bytes at {read_bw / 1e9:.1f} GB/s: "
       f"+{bytes_slope * 1e6:.2f} us -> the measured slope is {slope / bytes_slope:.1f}x the bytes model")
 ax = plots.plot_xy(contexts, [s * 1000 for s in decode_s], "tokens in the cache", "ms per decode step", fit_line=True,
-                   title="Decode: time per token against tokens in the cache")
+                   spread=[(min(t.seconds) * 1000, max(t.seconds) * 1000) for t in decode_runs],
+                   title="Decode: time per token against tokens in the cache (mean of 8 steps; bars: fastest to slowest)")
 plt.show()
 
 # %% [markdown]
