@@ -247,7 +247,6 @@ UNSYNCHRONIZED_TIMINGS = {
     "notebooks/src/10_serving.py::<module>": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::one_client": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::load_test": "a client's wall clock over HTTP",
-    "course_lib/exercises/lesson10.py::one": "a client's wall clock over HTTP (lesson 10's load prediction)",
     "notebooks/src/13_paged_memory.py::<module>": "batch.step() picks tokens on the CPU (a sync)",
 }
 SYNCS = ("synchronize", "time_it", "best_of")

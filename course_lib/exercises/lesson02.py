@@ -78,8 +78,10 @@ def random_conversation(rng) -> list[dict]:
     return messages
 
 
-def _kept_turns(messages, got, budget, tokenizer, name) -> str | None:
-    """What is wrong with `got` as the system message plus the most recent whole turns of `messages`, or None."""
+def _kept_turns(messages, got, budget, tokenizer, name, fullest: bool = True) -> str | None:
+    """What is wrong with `got` as the system message plus the most recent whole turns of `messages`, or None.
+    fullest: also require that no further whole turn would fit (keep_recent; a rescue's carried text may take
+    the room of a turn, so it is not asked)."""
     if not isinstance(got, list) or not got or got[-1] != messages[-1]:
         return f"budget {budget}: keep the last message last (the question being asked)"
     if not isinstance(got[0], dict) or got[0].get("role") != "system":
@@ -93,7 +95,7 @@ def _kept_turns(messages, got, budget, tokenizer, name) -> str | None:
     if len(context_ids(tokenizer, got)) > budget:
         return f"budget {budget}: what you kept needs {len(context_ids(tokenizer, got))} tokens"
     start = len(messages) - len(tail)
-    if start > 1 and len(context_ids(tokenizer, [got[0]] + messages[start - 2:])) <= budget:
+    if fullest and start > 1 and len(context_ids(tokenizer, [got[0]] + messages[start - 2:])) <= budget:
         return f"budget {budget}: one more whole turn would still fit in {name}; keep as many as fit"
     return None
 
@@ -139,12 +141,9 @@ def check_rescue(rescue, model, tokenizer, budget: int = 200) -> bool:
                 got[0].get("content", "")).startswith(messages[0]["content"]):
             return verdict(False, "", f"budget {limit}: start with the system message, its original text first")
         carried = got[0]["content"][len(messages[0]["content"]):]
-        base = [messages[0]] + messages[1:]
-        wrong = _kept_turns(base, [messages[0]] + got[1:], 10**9, tokenizer, "")
-        if wrong and "one more whole turn" not in wrong:
-            return verdict(False, "", wrong.replace(f"budget {10**9}", f"budget {limit}"))
-        if len(context_ids(tokenizer, got)) > limit:
-            return verdict(False, "", f"budget {limit}: what you kept needs {len(context_ids(tokenizer, got))} tokens")
+        wrong = _kept_turns(messages, got, limit, tokenizer, "", fullest=False)
+        if wrong:
+            return verdict(False, "", wrong)
         dropped = [m["content"] for m in messages[1:len(messages) - len(got) + 1] if m["role"] == "user"]
         lost = [text for text in dropped if text not in carried]
         if lost:

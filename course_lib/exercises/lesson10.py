@@ -73,29 +73,16 @@ def check_ttft(ttft, arrivals: list[float] | None = None) -> bool:
 
 
 def mean_ttft(url: str, clients: int, max_tokens: int = 40) -> float:
-    """Seconds to the first content piece, averaged over `clients` streaming requests sent at once (section 3's
-    load test, written again so the check can run after the lesson's server is stopped)."""
-    import threading
-    import time
-
-    import openai
-    client = openai.OpenAI(base_url=url + "/v1", api_key="local", timeout=120, max_retries=0)
-    firsts = {}
-
-    def one(i):
-        start = time.perf_counter()
-        for chunk in client.chat.completions.create(model="smollm2-135m-instruct", stream=True, max_tokens=max_tokens,
-                                                    messages=[{"role": "user", "content": f"Tell me about the number {i}."}]):
-            if chunk.choices and chunk.choices[0].delta.content:
-                firsts.setdefault(i, time.perf_counter() - start)
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if len(firsts) != clients:
-        raise RuntimeError(f"only {len(firsts)} of {clients} streams sent any text")
-    return sum(firsts.values()) / clients
+    """Seconds to the first content piece, averaged over `clients` streaming requests sent at once: section 3's load
+    test, through measure.load.replay (so the check can run after the lesson's server is stopped)."""
+    from ..measure.load import TraceRequest, replay
+    trace = [TraceRequest(f"c{i}", "chat", 0.0, [{"role": "user", "content": f"Tell me about the number {i}."}],
+                          max_tokens) for i in range(clients)]
+    outcomes, _ = replay(url, trace, timeout=120)
+    missing = [o.error or "no text" for o in outcomes if o.ttft is None]
+    if missing:
+        raise RuntimeError(f"{len(missing)} of {clients} streams sent no text: {missing[0]}")
+    return sum(o.ttft for o in outcomes) / clients
 
 
 def check_load_prediction(prediction_ms, model, tokenizer, clients: int = 4, tolerance: float = 1.6) -> bool:
