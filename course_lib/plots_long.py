@@ -29,13 +29,17 @@ def plot_step_bytes(contexts: list[int], weights: dict[str, int], cache_per_toke
 
 
 def plot_step_curve(curves: dict[str, list[dict]], ax=None, title: str = "Measured time per decode step against context"):
-    """Milliseconds per step against context (points), one series per weight format, each with its least-squares line."""
+    """Milliseconds per step against context (points: the median; bars: fastest to slowest of the repeats, where the
+    curve has them), one series per weight format, each with its least-squares line through the medians."""
     ax = axes_or_new(ax)
     for i, (name, curve) in enumerate(curves.items()):
         x = np.array([c["context"] for c in curve], dtype=float)
         y = np.array([c["ms"] for c in curve])
         slope, intercept = np.polyfit(x, y, 1)
-        ax.plot(x, y, "o", color=PALETTE[i], label=f"{name}, measured")
+        ax.plot(x, y, "o", color=PALETTE[i], label=f"{name}, measured (median; bars: fastest to slowest)")
+        if all("ms_min" in c for c in curve):
+            low, high = np.array([c["ms_min"] for c in curve]), np.array([c["ms_max"] for c in curve])
+            ax.errorbar(x, y, yerr=[y - low, high - y], fmt="none", ecolor=PALETTE[i], capsize=3, alpha=0.7)
         ax.plot(x, intercept + slope * x, "-", color=PALETTE[i], alpha=0.5,
                 label=f"{name}: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens")
     ax.set_xlabel("tokens in the context")

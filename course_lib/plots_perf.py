@@ -107,16 +107,27 @@ def plot_padding(mask, row_labels: list[str] | None = None, ax=None, title: str 
 
 
 def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Throughput and latency against batch size"):
-    """Twin axes against batch size: aggregate tokens per second (left) and per-request latency (right)."""
+    """Twin axes against batch size: aggregate tokens per second (left) and per-request latency (right), each the
+    median of the repeats; bars from the fastest to the slowest repeat where the rows have them."""
     ax = axes_or_new(ax)
     sizes = [r["batch"] for r in rows]
-    ax.plot(sizes, [r["tokens_per_s"] for r in rows], "o-", color=PALETTE[0], label="throughput")
+    rates, latency = [r["tokens_per_s"] for r in rows], [r["latency_s"] for r in rows]
+    ax.plot(sizes, rates, "o-", color=PALETTE[0], label="throughput")
     ax.set_xlabel("batch size")
     ax.set_ylabel("tokens per second (all requests)", color=PALETTE[0])
     ax.set_xscale("log", base=2)
     right = ax.twinx()
-    right.plot(sizes, [r["latency_s"] for r in rows], "s--", color=PALETTE[3], label="latency")
+    right.plot(sizes, latency, "s--", color=PALETTE[3], label="latency")
     right.set_ylabel("seconds until a request is done", color=PALETTE[3])
+    if all("seconds_runs" in r for r in rows):
+        fast = [min(r["seconds_runs"]) for r in rows]
+        slow = [max(r["seconds_runs"]) for r in rows]
+        rate_hi = [r["batch"] * r["new_tokens"] / f for r, f in zip(rows, fast)]
+        rate_lo = [r["batch"] * r["new_tokens"] / s for r, s in zip(rows, slow)]
+        rate_bars = [[m - lo for m, lo in zip(rates, rate_lo)], [hi - m for m, hi in zip(rates, rate_hi)]]
+        latency_bars = [[m - f for m, f in zip(latency, fast)], [s - m for m, s in zip(latency, slow)]]
+        ax.errorbar(sizes, rates, yerr=rate_bars, fmt="none", ecolor=PALETTE[0], capsize=3, alpha=0.7)
+        right.errorbar(sizes, latency, yerr=latency_bars, fmt="none", ecolor=PALETTE[3], capsize=3, alpha=0.7)
     ax.set_title(title)
     return ax
 
@@ -140,13 +151,22 @@ def plot_timeline(runs: dict[str, list], ax=None, title: str = "When each reques
     return ax
 
 
-def plot_race(names: list[str], tokens_per_s: list[float], ax=None, title: str = "The race: same tokens, tokens per second"):
-    """One bar per contender (for example model.generate and ours), labelled with its rate."""
+def plot_race(names: list[str], tokens_per_s: list[float], ax=None,
+              title: str = "The race: same tokens, tokens per second", runs: list[list[float]] | None = None):
+    """One bar per contender (for example model.generate and ours), labelled with its rate (the best repeat);
+    `runs`: every repeat's rate per contender, drawn as a line from the slowest to the fastest."""
     ax = axes_or_new(ax, (6, 2.6))
     bars = ax.barh(names, tokens_per_s, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
-    for bar, v in zip(bars, tokens_per_s):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {v:.1f}", va="center")
-    ax.set_xlabel("tokens per second (decode, batch 1)")
+    if runs is not None:
+        low = [v - min(r) for v, r in zip(tokens_per_s, runs)]
+        high = [max(r) - v for v, r in zip(tokens_per_s, runs)]
+        ax.errorbar(tokens_per_s, range(len(names)), xerr=[low, high], fmt="none", ecolor="black", capsize=3)
+        ax.set_xlabel("tokens per second (decode, batch 1); bar: best repeat, line: slowest to fastest")
+    else:
+        ax.set_xlabel("tokens per second (decode, batch 1)")
+    ends = [max(r) for r in runs] if runs is not None else tokens_per_s
+    for bar, v, end in zip(bars, tokens_per_s, ends):
+        ax.text(max(end, v), bar.get_y() + bar.get_height() / 2, f"  {v:.1f}", va="center")
     ax.invert_yaxis()
     ax.set_title(title)
     return ax

@@ -2,11 +2,11 @@
 end of the cache's budget, the quantized cache's cost and gain, and the needle grid; the bench section
 `long_context`.
 
-What it does: `filled_cache` (a cache holding n tokens of random numbers: a step's time does not depend on the
-values it reads), `step_ms` (one decode step at a context, the median of several), `step_curve` (time per token
-against context, with bytes read per step), `strategies` (long_context.stream_loss under every strategy at one
-budget), `kv_quality` (perplexity with the float, 8-bit and 4-bit caches on one text), `needle_grid` (the fact
-found or not, per length and depth), and `long_context_section`.
+What it does: `filled_cache` (a cache holding n tokens of random numbers: a step's time does not depend on the values
+it reads), `step_times` and `step_ms` (decode steps at a context, each or their median), `step_curve` (time per token
+against context, with its spread and the bytes read per step), `strategies` (long_context.stream_loss under every
+strategy at one budget), `kv_quality` (perplexity with the float, 8-bit and 4-bit caches on one text), `needle_grid`
+(the fact found or not, per length and depth), and `long_context_section`.
 What it does not do: define the caches or the strategies (long_context.py) or draw (plots_long.py).
 """
 from __future__ import annotations
@@ -35,22 +35,32 @@ def filled_cache(model, context: int, bits: int | None = None):
     return cache
 
 
-def step_ms(model, context: int, bits: int | None = None, repeats: int = 5) -> float:
-    """Milliseconds of one decode step (batch 1) after `context` tokens: the median of `repeats`, after a warm-up."""
+def step_times(model, context: int, bits: int | None = None, repeats: int = 5) -> list[float]:
+    """Milliseconds of each of `repeats` decode steps (batch 1) after `context` tokens, after a warm-up."""
     cache, token = filled_cache(model, context, bits), torch.tensor([[TIMING_TOKEN]], device=model.device)
 
     def one():
         cache.length = context
         run_model(model, token, cache)
-    return 1000 * median([best_of(one, 1, model.device, warmup=int(i == 0))[0] for i in range(repeats)])
+    return [1000 * best_of(one, 1, model.device, warmup=int(i == 0))[0] for i in range(repeats)]
+
+
+def step_ms(model, context: int, bits: int | None = None, repeats: int = 5) -> float:
+    """Milliseconds of one decode step (batch 1) after `context` tokens: the median of `repeats`, after a warm-up."""
+    return median(step_times(model, context, bits, repeats))
 
 
 def step_curve(model, contexts: list[int], repeats: int = 5) -> list[dict]:
-    """Time per decode step against context, with the bytes one step reads (weights, then the cache's columns)."""
+    """Time per decode step against context (the median of `repeats` steps, with the fastest and the slowest, so
+    a figure can show the spread), with the bytes one step reads (weights, then the cache's columns)."""
     fmt = "float32" if model.dtype == torch.float32 else "bfloat16"
     per_token = cache_bytes_per_token(model, fmt)
-    return [{"context": n, "ms": step_ms(model, n, repeats=repeats), "weight_bytes": model.weight_bytes(),
-             "cache_bytes": per_token * n} for n in contexts]
+    curve = []
+    for n in contexts:
+        times = step_times(model, n, repeats=repeats)
+        curve.append({"context": n, "ms": median(times), "ms_min": min(times), "ms_max": max(times),
+                      "weight_bytes": model.weight_bytes(), "cache_bytes": per_token * n})
+    return curve
 
 
 def strategies(model, ids: list[int], budget: int, chunk: int, sinks: int = 4) -> dict:

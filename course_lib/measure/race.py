@@ -30,7 +30,8 @@ def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
 
 def race(ours, hf_model, tokenizer, prompt_ids: list[int], n_new: int = 128, repeats: int = 3) -> dict:
     """Tokens per second of `ours` (any model) under generation.generate against hf_model.generate, greedy,
-    exactly n_new tokens on both sides (no early stop). Warmed up, alternating, best of `repeats`."""
+    exactly n_new tokens on both sides (no early stop). Warmed up, alternating, best of `repeats`; every
+    repeat's rate is kept too (`*_runs`), so a figure can show the spread."""
     def theirs():
         return _library_generate(hf_model, prompt_ids, n_new)
 
@@ -38,14 +39,17 @@ def race(ours, hf_model, tokenizer, prompt_ids: list[int], n_new: int = 128, rep
         return generate_exact(ours, tokenizer, prompt_ids, n_new)
 
     generate_exact(ours, tokenizer, prompt_ids, 2), _library_generate(hf_model, prompt_ids, 2)  # warm-up
-    ours_best, theirs_best = float("inf"), float("inf")
+    ours_runs, theirs_runs = [], []
     for _ in range(repeats):
         t, mine_tokens = best_of(mine, 1, ours.device, warmup=0)
-        ours_best = min(ours_best, t)
+        ours_runs.append(t)
         t, their_tokens = best_of(theirs, 1, hf_model.device, warmup=0)
-        theirs_best = min(theirs_best, t)
+        theirs_runs.append(t)
+    ours_best, theirs_best = min(ours_runs), min(theirs_runs)
     return {"new_tokens": n_new, "tokens_per_s": n_new / ours_best, "generate_tokens_per_s": n_new / theirs_best,
-            "ratio": theirs_best / ours_best, "same_tokens": mine_tokens == their_tokens, "token_ids": mine_tokens}
+            "ratio": theirs_best / ours_best, "same_tokens": mine_tokens == their_tokens, "token_ids": mine_tokens,
+            "tokens_per_s_runs": [n_new / t for t in ours_runs],
+            "generate_tokens_per_s_runs": [n_new / t for t in theirs_runs]}
 
 
 def generate_exact(model, tokenizer, prompt_ids: list[int], n_new: int) -> list[int]:

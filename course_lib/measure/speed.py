@@ -20,7 +20,7 @@ from ..generation import check_request, generate, prefill
 from ..kv_cache import length_of, positions_processed, rollback
 from ..sampling import greedy
 from ..runtime import progress
-from .timers import TIMING_TOKEN, Stopwatch, best_of
+from .timers import TIMING_TOKEN, Stopwatch, best_of, median
 
 
 @dataclass
@@ -80,15 +80,23 @@ def verify_cost(model, prompt_ids: list[int], ks: list[int], repeats: int = 5) -
     return out
 
 
-def throughput_latency(model, prompt: list[int], batch_sizes: list[int], new_tokens: int) -> list[dict]:
+def throughput_latency(model, prompt: list[int], batch_sizes: list[int], new_tokens: int,
+                       repeats: int = 1) -> list[dict]:
     """The same prompt B times in one static batch, exactly new_tokens each: aggregate tokens per second
-    and the latency every request sees (they all finish together)."""
+    and the latency every request sees (they all finish together). With repeats > 1, every size is run that
+    many times, round after round, and the median is reported, each run kept in `seconds_runs`."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    runs: dict[int, list[float]] = {size: [] for size in batch_sizes}
+    for _ in range(repeats):
+        for size in batch_sizes:
+            jobs = [Job(f"r{i}", prompt, new_tokens) for i in range(size)]
+            start = time.perf_counter()
+            run_schedule(model, jobs, size, continuous=False)
+            runs[size].append(time.perf_counter() - start)
     rows = []
     for size in batch_sizes:
-        jobs = [Job(f"r{i}", prompt, new_tokens) for i in range(size)]
-        start = time.perf_counter()
-        run_schedule(model, jobs, size, continuous=False)
-        seconds = time.perf_counter() - start
-        rows.append({"batch": size, "seconds": seconds, "tokens_per_s": size * new_tokens / seconds,
-                     "latency_s": seconds})
+        seconds = median(runs[size])
+        rows.append({"batch": size, "new_tokens": new_tokens, "seconds": seconds,
+                     "tokens_per_s": size * new_tokens / seconds, "latency_s": seconds, "seconds_runs": runs[size]})
     return rows

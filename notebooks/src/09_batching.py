@@ -89,13 +89,16 @@ for row, (q, p) in enumerate(zip(questions, prompts)):
 # ## 2. Throughput against latency
 #
 # Put B copies of one request in a batch and generate 32 tokens each. **Throughput** is the tokens per
-# second of the whole batch; **latency** is how long each request waits for its answer.
+# second of the whole batch; **latency** is how long each request waits for its answer. Every size runs three
+# times, round after round; the median is printed with the fastest and slowest run beside it, and the figure's
+# bars span them, so a busy moment shows as a long bar rather than as a bend in the curve.
 
 # %%
 sizes = [1, 2, 4, 8, 16]
-rows = throughput_latency(model, prompts[0], sizes, new_tokens=32)
+rows = throughput_latency(model, prompts[0], sizes, new_tokens=32, repeats=3)
 for r in rows:
-    print(f"batch {r['batch']:>2}: {r['tokens_per_s']:6.1f} tokens/s in total, each request waits {r['latency_s']:.2f} s")
+    print(f"batch {r['batch']:>2}: {r['tokens_per_s']:6.1f} tokens/s in total, each request waits {r['latency_s']:.2f} s "
+          f"(runs {min(r['seconds_runs']):.2f}-{max(r['seconds_runs']):.2f} s)")
 ax = plots_perf.plot_throughput_latency(rows)
 plt.show()
 

@@ -69,7 +69,8 @@ plt.show()
 # for the fast format.
 #
 # Now the time, for both weight formats. Each step below runs against a cache already holding n tokens
-# (random numbers: the time of a step does not depend on the values it reads), the median of five steps:
+# (random numbers: the time of a step does not depend on the values it reads), the median of five steps; the
+# figure's bars run from the fastest to the slowest of the five:
 
 # %%
 contexts = [256, 1024, 2048, 4096, 8000]
@@ -80,6 +81,8 @@ for name, curve in curves.items():
     r2 = 1 - ((y - (intercept + slope * x)) ** 2).sum() / ((y - y.mean()) ** 2).sum()
     print(f"{name} weights ({curve[0]['weight_bytes'] / 1e6:.0f} MB): " + ", ".join(f"{c['ms']:.0f}" for c in curve)
           + f" ms at {contexts} tokens | line: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens, R^2 {r2:.3f}")
+    widest = max(curve, key=lambda c: (c["ms_max"] - c["ms_min"]) / c["ms"])
+    print(f"   widest spread at {widest['context']:,} tokens: {widest['ms_min']:.1f} to {widest['ms_max']:.1f} ms")
     print(f"   at {contexts[-1]:,} tokens the cache adds {curve[-1]['cache_bytes'] / 1e6:.0f} MB to {curve[-1]['weight_bytes'] / 1e6:.0f} MB "
           f"of weights; time at {contexts[-1]:,} over time at {contexts[0]}: {curve[-1]['ms'] / curve[0]['ms']:.2f}x")
 plots_long.plot_step_curve(curves)
