@@ -87,17 +87,20 @@ def top_attended(weights: torch.Tensor, query: int, key: int, k: int = 5) -> lis
     return [(int(i) // H, int(i) % H, float(v)) for v, i in zip(values, flat)]
 
 
-def time_scores(lengths: list[int], heads: int, head_dim: int, repeats: int = 5) -> list[float]:
-    """Seconds to compute causal softmax(QK^T / sqrt(D)) V for random inputs of each length (best of repeats)."""
+def score_times(lengths: list[int], heads: int, head_dim: int, repeats: int = 5) -> list[list[float]]:
+    """Seconds of every one of `repeats` computations of causal softmax(QK^T / sqrt(D)) V for random inputs of
+    each length (one list per length, in the order run), after one untimed warm-up per length: the first
+    computation at a new size also asks the system for its memory (page faults), which is not attention's cost."""
     out = []
     for T in lengths:
         q, k, v = (torch.randn(heads, T, head_dim) for _ in range(3))  # (H, T, D)
-        best = float("inf")
-        for _ in range(repeats):
+        runs = []
+        for i in range(repeats + 1):
             start = time.perf_counter()
             s = (q @ k.transpose(-1, -2) / math.sqrt(head_dim)).masked_fill(
                 torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
             torch.softmax(s, dim=-1) @ v
-            best = min(best, time.perf_counter() - start)
-        out.append(best)
+            runs.append(time.perf_counter() - start)
+        out.append(runs[1:])
     return out
+

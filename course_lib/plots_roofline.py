@@ -15,15 +15,20 @@ from .plots import PALETTE, axes_or_new
 
 
 def plot_decode_bytes(names: list[str], bytes_per_token: list[float], ms_per_token: list[float], read_bytes_per_s: float,
-                  ax=None, title: str = "Decode: time per token against bytes per token"):
+                      ax=None, title: str = "Decode: time per token against bytes per token", spread=None):
     """One point per weight format, on log-log axes; the line is the time a measured read bandwidth predicts
-    (bytes / bandwidth): a point on it is bound by memory, a point above it by its kernel."""
+    (bytes / bandwidth): a point on it is bound by memory, a point above it by its kernel.
+    spread: (fastest, slowest) ms of the steps behind each point, drawn as a bar."""
     ax = axes_or_new(ax, (7, 4))
     lo, hi = min(bytes_per_token) / 1.5, max(bytes_per_token) * 1.5
     ax.plot([lo / 1e6, hi / 1e6], [lo / read_bytes_per_s * 1000, hi / read_bytes_per_s * 1000], "--",
             color=PALETTE[7], label=f"reading at {read_bytes_per_s / 1e9:.1f} GB/s (measured)")
     for i, (name, b, ms) in enumerate(zip(names, bytes_per_token, ms_per_token)):
         ax.scatter([b / 1e6], [ms], color=PALETTE[i % len(PALETTE)], zorder=3)
+        if spread is not None:
+            fast, slow = spread[i]
+            ax.errorbar([b / 1e6], [ms], yerr=[[ms - fast], [slow - ms]], fmt="none", ecolor=PALETTE[i % len(PALETTE)],
+                        capsize=3, alpha=0.7)
         ax.annotate(name, (b / 1e6, ms), textcoords="offset points", xytext=(5, 4), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -227,7 +227,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/doctor.py::check_generation": "generate() returns tokens read on the CPU",
     "course_lib/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
     "course_lib/widgets.py::update": "a widget redraw on the CPU",
-    "course_lib/attention.py::time_scores": "CPU tensors made in the function",
+    "course_lib/attention.py::score_times": "CPU tensors made in the function",
     "course_lib/loading.py::time_cached_load": "loading ends with the weights in place (a blocking copy)",
     "course_lib/loading.py::load_model": "loading ends with the weights in place (a blocking copy)",
     "course_lib/structured.py::masked": "the mask is computed on the CPU",

@@ -3,7 +3,7 @@ import torch
 
 import course_lib
 from course_lib.attention import (apply_rotary, attention_by_hand, attention_weights, kv_groups, rotary_cos_sin,
-                                  time_scores, top_attended)
+                                  score_times, top_attended)
 from course_lib.forward import forward_logits
 from course_lib.anatomy import (block_by_hand, capture_shapes, flops_per_token, layer_outputs,
                                logit_lens, memory_by_dtype, parameter_map)
@@ -106,8 +106,8 @@ def test_top_attended_finds_the_maximum():
     assert top_attended(w, 3, 1, k=1) == [(1, 2, pytest.approx(0.9))]
 
 
-def test_time_scores_and_flops():
-    secs = time_scores([16, 32], 2, 8, repeats=1)
-    assert len(secs) == 2 and all(s > 0 for s in secs)
+def test_score_times_and_flops():
+    runs = score_times([16, 32, 48], 2, 8, repeats=3)
+    assert [len(r) for r in runs] == [3, 3, 3] and all(s > 0 for r in runs for s in r)
     assert flops_per_token(100, 10) == 200  # the tied head is a full product for every token
     assert flops_per_token(110, 10, tied=False) == 200

@@ -1,6 +1,6 @@
 """Timing figures show the spread of their repeats: the measurements keep every repeat, report the median (or the
-best, where named), and the figures' bars run exactly from the fastest to the slowest repeat (lessons 09, 11, 17;
-lesson 08's are in bench.prefill_timings and decode_timings)."""
+best, where named), and the figures' bars run exactly from the fastest to the slowest repeat (lessons 04, 08, 09, 11,
+12, 17)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 
-from course_lib import plots_long, plots_perf  # noqa: E402
+from course_lib import plots, plots_long, plots_perf, plots_roofline  # noqa: E402
 from course_lib.measure.long_context import step_curve, step_times  # noqa: E402
 from course_lib.measure.race import race  # noqa: E402
 from course_lib.measure.speed import throughput_latency  # noqa: E402
@@ -74,4 +74,14 @@ def test_race_keeps_every_repeat_and_its_bar_is_the_best(small, tiny, tokenizer)
     ax = plots_perf.plot_race(["library", "ours"], [result["generate_tokens_per_s"], result["tokens_per_s"]], runs=runs)
     assert bar_ends(ax) == pytest.approx(flat((min(r), max(r)) for r in runs))
     assert np.isclose([b.get_width() for b in ax.patches], [result["generate_tokens_per_s"], result["tokens_per_s"]]).all()
+    plt.close("all")
+
+
+def test_plot_xy_and_the_decode_bytes_figure_draw_the_spread_they_are_given():
+    spread = [(0.8, 1.5), (1.9, 2.2), (2.5, 3.9)]
+    ax = plots.plot_xy([1, 2, 3], [1.0, 2.0, 3.0], "x", "ms", spread=spread)
+    assert bar_ends(ax) == pytest.approx(flat(spread))
+    assert ax.get_ylim()[1] >= 3.9  # the slowest repeat is inside the panel
+    ax = plots_roofline.plot_decode_bytes(["a", "b"], [100e6, 400e6], [5.0, 20.0], 20e9, spread=[(4.0, 7.0), (19.0, 30.0)])
+    assert bar_ends(ax) == pytest.approx([4.0, 7.0, 19.0, 30.0])
     plt.close("all")

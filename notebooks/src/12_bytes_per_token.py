@@ -117,11 +117,13 @@ print("layer 0's down, requantized, first block's q:", q[0, :32].tolist())
 # %%
 prompt = story_ids(tokenizer)
 median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731 - robust to one slow step
-step_ms = {}
+step_ms, step_runs = {}, {}  # the median step of each format, and every step behind it (ms)
 for name in ["float32", "int8-cast", "int8"]:
     our_step_seconds(models[name], tokenizer, prompt, 2)  # warm-up
-    step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
-    print(f"{name:<10} {step_ms[name]:6.1f} ms per decode step")
+    step_runs[name] = [1000 * s for s in our_step_seconds(models[name], tokenizer, prompt, 12)]
+    step_ms[name] = median(step_runs[name])
+    fastest, slowest = min(step_runs[name]), max(step_runs[name])
+    print(f"{name:<10} {step_ms[name]:6.1f} ms per decode step (steps {fastest:.1f}-{slowest:.1f})")
 
 # %% [markdown]
 # ## 4. Every format on a roofline
@@ -133,7 +135,8 @@ for name in ["float32", "int8-cast", "int8"]:
 # %%
 for name in ["bfloat16", "int4-float32", "int4"]:
     our_step_seconds(models[name], tokenizer, prompt, 2)
-    step_ms[name] = 1000 * median(our_step_seconds(models[name], tokenizer, prompt, 12))
+    step_runs[name] = [1000 * s for s in our_step_seconds(models[name], tokenizer, prompt, 12)]
+    step_ms[name] = median(step_runs[name])
 read_bw = read_bandwidth()
 names = list(models)
 print(f"streaming read: {read_bw / 1e9:.1f} GB/s")
@@ -141,7 +144,8 @@ for name in names:
     b = models[name].weight_bytes()
     print(f"{name:<13} {b / 1e6:6.1f} MB  {step_ms[name]:6.1f} ms  {1000 / step_ms[name]:5.1f} tok/s  "
           f"reads at {b / step_ms[name] / 1e6:5.1f} GB/s")
-plots_roofline.plot_decode_bytes(names, [models[n].weight_bytes() for n in names], [step_ms[n] for n in names], read_bw)
+plots_roofline.plot_decode_bytes(names, [models[n].weight_bytes() for n in names], [step_ms[n] for n in names], read_bw,
+                                 spread=[(min(step_runs[n]), max(step_runs[n])) for n in names])
 plt.show()
 
 # %% [markdown]
