@@ -249,7 +249,8 @@ print(f"Llama 3 70B: about {big / 1e9:.0f} GFLOP per token ({big / 2e9:.0f} bill
       f"a {len(ids)}-token prompt: {big * len(ids) / 1e12:.1f} TFLOP; this model: {flops / 1e6:.0f} MFLOP per token")
 
 # %% [markdown]
-# About 140 billion operations per token for the 70B model: trillions only for a whole prompt or answer.
+# Read the first figure: billions of operations per token for the 70B model (about twice its parameters,
+# one multiply and one add per weight); trillions only for a whole prompt or answer.
 # Lesson 08 turns the bytes behind it into seconds per token on this machine.
 
 # %% [markdown]

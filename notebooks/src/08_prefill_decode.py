@@ -206,10 +206,10 @@ print("GPU runs committed:", sum(r["machine"]["device"].startswith("cuda") for r
 
 # %% [markdown]
 # **On a big GPU** (no GPU run is committed yet: the count above says so; this paragraph is arithmetic,
-# not a measurement): a GPU reading a few terabytes per second would read this model's 538 MB of float32
-# weights in a fraction of a millisecond, so at batch size 1 something else should set the step's time:
-# launching its many small operators, one after another, from Python. How many? The profiler counts the
-# operators one decode step runs, here:
+# not a measurement): a GPU reading a few terabytes per second would read this model's float32 weights
+# (the megabytes printed in section 3) in a fraction of a millisecond, so at batch size 1 something else
+# should set the step's time: launching its many small operators, one after another, from Python. How
+# many? The profiler counts the operators one decode step runs, here:
 
 # %%
 from course_lib.measure.race import decode_profile

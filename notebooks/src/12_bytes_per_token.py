@@ -245,14 +245,18 @@ rounded = {}
 for label, scheme in SCHEMES.items():
     rounded[label] = {part: perplexity(requantized(ours, scheme, part), text_ids) for part in ["layers", "head"]}
     print(f"{label:<36} {bits_per_weight(*scheme):>11.2f} {rounded[label]['layers']:>10.2f} {rounded[label]['head']:>10.2f}")
+layer_weights = sum(getattr(layer, n).weight.numel() for layer in ours.layers for n in ("qkv", "o", "gate_up", "down"))
+print(f"the head column rounds one matrix of {ours.lm_head.weight.numel() / 1e6:.1f} million weights; the layer column "
+      f"{7 * len(ours.layers)} matrices (q, k, v, o, gate, up, down in each of {len(ours.layers)} layers) of "
+      f"{layer_weights / 1e6:.1f} million")
 
 # %% [markdown]
 # Read the table row by row. The first row must repeat float32's perplexity in the layer column (the file's
 # rule on the file's values); its head column is what a 4-bit head would cost, since the file keeps the
 # head in 8 bits. Symmetric 4-bit and groups of 64 store the same 4.5 bits per weight in different ways:
 # compare them. Then 3 and 2 bits. Perplexity is computed, not timed: your run gives the same figures as
-# any other run of this torch version, up to float rounding. The head column rounds one matrix (28 million
-# weights) where the layer column rounds 210 of them (106 million). So which single part is the most fragile?
+# any other run of this torch version, up to float rounding. The head column rounds one matrix, the layer
+# column hundreds (the sizes are printed under the table). So which single part is the most fragile?
 # Round one layer at a time to 2 bits, on the first 256 tokens, and put the head beside them:
 
 # %%

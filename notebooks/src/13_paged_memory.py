@@ -51,8 +51,8 @@ print("threads:", torch.get_num_threads(), "| KV bytes per token (float32):",
 # answer will be, so it reserves the maximum. A paged cache instead hands out blocks of 16 tokens as
 # the sequence grows, and a block that holds a shared prefix is stored once.
 #
-# The trace: questions about a long handbook (a document of about 1,100 tokens given as the system
-# prompt) mixed with short chat questions, arriving two decode steps apart, each allowed the same number
+# The trace: questions about a long handbook (a document of over a thousand tokens given as the
+# system prompt: its length is printed below) mixed with short chat questions, arriving two decode steps apart, each allowed the same number
 # of new tokens.
 
 # %%
@@ -369,9 +369,9 @@ server.stop()
 # already holds the start of the prompt, so the logits are those of one whole prefill, up to float rounding
 # (tests/test_chunked_prefill.py checks it within 1e-4 for chunks of 1, 7, 16 and 33 tokens).
 #
-# Below, one request is writing a story when the handbook question (about 1,100 tokens) arrives. We
-# measure the longest gap between the story's tokens, and the tokens per second over the whole run, for
-# several budgets (`None`: the whole prompt in one step, as before).
+# Below, one request is writing a story when the handbook question (its prompt's length is printed in
+# section 1) arrives. We measure the longest gap between the story's tokens, and the tokens per second over
+# the whole run, for several budgets (`None`: the whole prompt in one step, as before).
 
 # %%
 from course_lib.measure.load import decode_gaps

@@ -258,8 +258,8 @@ plt.show()
 # their order between runs); the longer the context, the more the copy costs. With the gather, block size
 # only changes how long the runs of neighbouring slots are that the copy reads, one slot index per token;
 # through the tables it changes how many blocks each tile reads, one index per block. Where the bars'
-# ranges overlap, the run cannot tell the two apart. Lesson 13's trace (three handbook questions of about
-# 1,130 tokens beside short chats) sits at the right end of the left panel.
+# ranges overlap, the run cannot tell the two apart. Lesson 13's trace (three handbook questions over a thousand
+# tokens long, beside short chats) sits at the right end of the left panel.
 #
 # The benchmark measures the same at 4 rows of 1,000 tokens and at 1 row of 4,000 (`python -m course_lib
 # bench --only attention`); the newest committed run:
