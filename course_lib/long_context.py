@@ -87,8 +87,9 @@ def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     """Symmetric integers with one scale per row of D numbers (per token and head): x ~ q * scale.
     x (..., D) -> (q (..., D) int8 for 8 bits, (..., D/2) uint8 with two numbers per byte for 4; scale (..., 1) fp16)."""
     top = 2 ** (bits - 1) - 1  # 127 or 7
-    scale = (x.float().abs().amax(dim=-1, keepdim=True) / top).clamp(min=1e-8).half()
-    q = torch.round(x.float() / scale.float()).clamp(-top, top).to(torch.int8)
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).div_(top).clamp_(min=1e-8).half()
+    q = torch.div(x, scale.float()).round_().clamp_(-top, top).to(torch.int8)
     if bits == 4:
         q = ((q[..., 0::2] + 8) | ((q[..., 1::2] + 8) << 4)).to(torch.uint8)  # note: even dims low, odd dims high
     return q, scale
@@ -107,22 +108,24 @@ class QuantizedKVCache(KVCache):
     grows by appending, and a scale over D=64 numbers costs 2 bytes (3% at 8 bits). `write` quantizes the new
     rows and returns every row dequantized to the model's dtype, in one layer's buffer that every layer reuses:
     attention reads ordinary numbers. A decode step of one row goes through `attend` instead, a tile at a time.
-    The buffer is counted in `nbytes` (1/layers of a float cache)."""
+    The buffer is counted in `nbytes` (1/layers of a float cache).
+    A layer's keys and values lie in one tensor (2, B, KV, capacity, D), and so do their scales, so that storing a
+    token and reading a tile are one operation each for both (`keys`, `values`, `key_scales`, `value_scales` are
+    views of them): a decode step runs a few small operators per layer, and each costs microseconds."""
 
     def __init__(self, model, batch: int, capacity: int, bits: int = 8, tile: int = KV_TILE):
         if bits not in (8, 4):
             raise ValueError(f"bits must be 8 or 4, got {bits}")
         layers, KV, D = len(model.layers), model.kv_heads, model.head_dim
         self.bits, self.dtype, self.length, self.tile, self.reads_in_place = bits, model.dtype, 0, tile, False
-        shape = (batch, KV, capacity, D if bits == 8 else D // 2)
+        shape = (2, batch, KV, capacity, D if bits == 8 else D // 2)  # [0] keys, [1] values
         store = torch.int8 if bits == 8 else torch.uint8
-        self.keys = [torch.zeros(shape, dtype=store, device=model.device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=store, device=model.device) for _ in range(layers)]
-        scales = lambda: torch.ones(batch, KV, capacity, 1, dtype=torch.float16, device=model.device)  # noqa: E731
-        self.key_scales = [scales() for _ in range(layers)]
-        self.value_scales = [scales() for _ in range(layers)]
-        self.read_k = torch.empty(batch, KV, capacity, D, dtype=model.dtype, device=model.device)  # what attention reads
-        self.read_v = torch.empty_like(self.read_k)
+        self.stored = [torch.zeros(shape, dtype=store, device=model.device) for _ in range(layers)]
+        self.scales = [torch.ones(*shape[:-1], 1, dtype=torch.float16, device=model.device) for _ in range(layers)]
+        self.keys, self.values = [t[0] for t in self.stored], [t[1] for t in self.stored]
+        self.key_scales, self.value_scales = [t[0] for t in self.scales], [t[1] for t in self.scales]
+        self.buffer = torch.empty(2, batch, KV, capacity, D, dtype=model.dtype, device=model.device)  # what attention reads
+        self.read_k, self.read_v = self.buffer[0], self.buffer[1]
 
     def reserve(self, n: int) -> None:
         if n > self.capacity:
@@ -130,54 +133,55 @@ class QuantizedKVCache(KVCache):
         self.reads_in_place = n == self.length + 1 and self.batch == 1  # a decode step of one row: `attend`
 
     def scale_of(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q, scale) for new rows x (B, KV, T, D). A separate method so a test can break the scale on purpose."""
+        """(q, scale) for new rows x (2, B, KV, T, D). A separate method so a test can break the scale on purpose."""
         return quantize_rows(x, self.bits)
 
     def _store(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int) -> int:
         end = start + k.shape[2]
-        for store, scales, x in ((self.keys, self.key_scales, k), (self.values, self.value_scales, v)):
-            q, scale = self.scale_of(x)
-            store[layer][:, :, start:end], scales[layer][:, :, start:end] = q, scale
+        q, scale = self.scale_of(torch.stack((k, v)))
+        self.stored[layer][:, :, :, start:end], self.scales[layer][:, :, :, start:end] = q, scale
         return end
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
         """Store the new rows; return every row [0, start + T) dequantized, in the buffers every layer reuses."""
         end = self._store(layer, k, v, start)
-        return self._read(self.keys[layer], self.key_scales[layer], self.read_k, 0, end), \
-            self._read(self.values[layer], self.value_scales[layer], self.read_v, 0, end)
+        both = self._read(layer, 0, end)
+        return both[0], both[1]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """A decode step (one row, one new token): store the new key and value, then read the context `tile` tokens
         at a time, dequantized into the start of the buffers and attended with lesson 16's kernel; the partial
         results are merged by the log-sum-exp rule. q (1, H, 1, D) -> (1, H, 1, D).
-        Note: small tiles (512 tokens, a float tile that stays in the processor's cache) measured slower on the
-        course's CPU than one tile of the whole context (151 against 134 ms a step at 2,048 tokens, float cache
-        117): the merges cost more than the cache misses saved. Hence the default of 4,096."""
+        Note: small tiles (512 tokens, a float tile that stays in the processor's cache) measured no faster on the
+        course's CPU than one tile of the whole context (best of 7 steps at 2,048 tokens, one thread, a quiet
+        machine: 67.7 ms with tiles of 512, 68.5 with 1,024, 67.1 with one tile; the float cache 58-60): the merges
+        cost what the cache misses saved. Hence the default of 4,096. What the 8-bit step pays beyond the float
+        one is the dequantizing pass (int8 to float, times the scale) before the fused kernel: torch has no
+        attention kernel that reads int8 keys and values itself."""
         end = self._store(layer, k, v, self.length)
         B, H, _, D = q.shape
         qg = q.reshape(B, k.shape[1], H // k.shape[1], D)  # the G query heads of each key/value head, folded
         total = None
         for a in range(0, end, self.tile):
-            b = min(a + self.tile, end)
-            kt = self._read(self.keys[layer], self.key_scales[layer], self.read_k, a, b)
-            vt = self._read(self.values[layer], self.value_scales[layer], self.read_v, a, b)
-            part = tile_partial(qg, kt, vt, None)
+            both = self._read(layer, a, min(a + self.tile, end))
+            part = tile_partial(qg, both[0], both[1], None)
             total = part if total is None else merge(total, part)
         return total.out.to(q.dtype).reshape(B, H, 1, D)
 
-    def _read(self, store: torch.Tensor, scales: torch.Tensor, buffer: torch.Tensor, a: int, b: int) -> torch.Tensor:
-        """Columns [a, b) dequantized into the start of `buffer` (a fresh tensor per read would cost more than the
-        arithmetic: new memory is faulted in page by page). Valid until the next read."""
-        B, KV, _, D = buffer.shape
-        out = buffer.view(-1)[:B * KV * (b - a) * D].view(B, KV, b - a, D)
+    def _read(self, layer: int, a: int, b: int) -> torch.Tensor:
+        """Keys and values of columns [a, b), dequantized into the start of the buffer: (2, B, KV, b - a, D), each
+        half contiguous (a fresh tensor per read would cost more than the arithmetic: new memory is faulted in page
+        by page). Valid until the next read."""
+        _, B, KV, _, D = self.buffer.shape
+        out = self.buffer.view(-1)[:2 * B * KV * (b - a) * D].view(2, B, KV, b - a, D)
+        stored, scales = self.stored[layer][:, :, :, a:b], self.scales[layer][:, :, :, a:b]
         if self.bits == 8:
-            return out.copy_(store[:, :, a:b]).mul_(scales[:, :, a:b].to(self.dtype))
-        return out.copy_(dequantize_rows(store[:, :, a:b], scales[:, :, a:b], 4, self.dtype))
+            return out.copy_(stored).mul_(scales.to(self.dtype))
+        return out.copy_(dequantize_rows(stored, scales, 4, self.dtype))
 
     def nbytes(self) -> int:
-        """Every buffer, the dequantized one layer included."""
-        stored = self.keys + self.values + self.key_scales + self.value_scales + [self.read_k, self.read_v]
-        return sum(t.numel() * t.element_size() for t in stored)
+        """Every buffer, the dequantized one included."""
+        return sum(t.numel() * t.element_size() for t in self.stored + self.scales + [self.buffer])
 
 
 @dataclass
