@@ -50,7 +50,7 @@ def main() -> int:
     out = Path(args.out) / f"peers-cpu-{result['when'][:10]}.json"
     out.write_text(json.dumps(result, indent=1))
     for row in result["rows"]:
-        print(f"{row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s, "
+        print(f"{row['path']:<20} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s, "
               f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
     print(f"written: {out}")
     return 0

@@ -37,6 +37,14 @@ def test_engine_section_reports_its_keys(model, tokenizer):
     assert set(engine["several_rows_kernels"].values()) <= {"mkl", "onednn"}
     assert engine["layout_speedup"] == pytest.approx(engine["rows_step_ms"] / engine["built_step_ms"], rel=1e-6)
     assert set(engine["ops_per_step"]) == {"float32", "int4"}  # the issue's engine.ops_per_step: float32 and the fastest
+    compiled = engine["compiled"]  # the issue's engine.compiled; --quick measures the static step eagerly only
+    assert compiled["compiled"] is False and "quick" in compiled["why_not"]
+    assert set(compiled["formats"]) == {"float32", "int4"}
+    for row in compiled["formats"].values():
+        assert row["static_eager_ms"] > 0 and row["engine_ms"] > 0
+        assert row["static_eager_same_tokens"] == (row["static_eager_first_difference"] is None)
+    # float32 gives the engine's tokens; bfloat16 (int4's activations) may flip a near-tie, and says where
+    assert compiled["formats"]["float32"]["static_eager_same_tokens"] is True
     for anatomy in engine["ops_per_step"].values():
         assert anatomy["rest_ms"] == pytest.approx(anatomy["step_ms"] - anatomy["products_ms"])
         assert 0 < anatomy["python_calls"] < anatomy["aten_ops"] and anatomy["products_ms"] > 0

@@ -89,6 +89,8 @@ def test_the_committed_record_holds_what_the_issue_asks():
         assert "llama.cpp" in paths and "course int4" in paths and "course float32" in paths
     assert record["inputs"]["prefill_tokens"] == 1000 and record["llama_cpp_build"]
     assert all(r["perplexity"] > 1 and r["decode_tokens_per_s"] > 0 for r in record["rows"])
+    compiled = [r for r in record["rows"] if r["path"] == "course int4 compiled"]  # the compiled step, at 1 and 2
+    assert sorted(r["threads"] for r in compiled) == [1, 2] and all(r["compile_s"] > 0 for r in compiled)
 
 
 def test_head_options_read_fewer_bytes_with_fewer_bits(tiny, tokenizer):

@@ -350,6 +350,13 @@ def format_report(result: dict) -> str:
                          f"+ the rest {a['rest_ms']:.1f}; {a['aten_ops']:.0f} operators counted by the profiler, "
                          f"{a['python_calls']:.0f} called from Python (about {a['calling_ms_estimate']:.1f} ms to call "
                          f"at {a['tiny_call_us']:.2f} us each)")
+        c = e.get("compiled")
+        for fmt, row in (c or {}).get("formats", {}).items():
+            compiled = (f"compiled {row['compiled_ms']:.1f} ms ({row['speedup']:.2f}x the engine's step; compiling took "
+                        f"{row['compile_s']:.0f} s; same tokens: {row['compiled_same_tokens']})" if c["compiled"]
+                        else f"not compiled: {c['why_not']}")
+            lines.append(f"engine static step ({fmt}): engine {row['engine_ms']:.1f} ms, static eager "
+                         f"{row['static_eager_ms']:.1f} ms, {compiled}")
         lines.append(f"engine layout: by columns {', '.join(by_columns)}; a step {e['built_step_ms']:.1f} ms as built, "
                      f"{e['rows_step_ms']:.1f} ms all by rows ({e['layout_speedup']:.2f}x); several rows through oneDNN: "
                      f"{', '.join(n for n, k in e['several_rows_kernels'].items() if k == 'onednn') or 'none'}")

@@ -42,7 +42,10 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     if ours.device.type == "cpu":  # the fastest format here; its 4-bit kernel is a CPU kernel
         from ..formats import convert
         anatomy["int4"] = step_anatomy(convert(ours, "int4"), story, steps=5 if quick else 40)
-    return {"ops_per_step": anatomy, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
+    # the static-shape step, eager and compiled (the engine.compiled); --quick does not wait for a compile
+    from .compiled import compiled_comparison
+    compiled = compiled_comparison(ours, tokenizer, story, 6 if quick else 48, compile=not quick)
+    return {"ops_per_step": anatomy, "compiled": compiled, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
             "long_context_generate_ms_per_token": long["generate_ms_per_token"], "long_context_ratio": long["ratio"],

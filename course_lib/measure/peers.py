@@ -102,8 +102,11 @@ def llama_side(gguf_path, threads: int, inputs: dict, python: str | None = None)
 
 
 def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "int4"), threads=(1, 2),
-              llama_python: str | None = None, n_new: int = 128) -> dict:
-    """One run: every format of the course and llama.cpp, at each thread count, on the same IDs and file."""
+              llama_python: str | None = None, n_new: int = 128, compiled: tuple[str, ...] = ("int4",)) -> dict:
+    """One run: every format of the course and llama.cpp, at each thread count, on the same IDs and file; the
+    formats in `compiled` again with their decode step compiled (static_step.StaticStep): decode only, since the
+    prompt and the perplexity go through the same ordinary pass as the format's own row."""
+    from .compiled import compiled_decode, first_difference
     from ..formats import convert
     from ..loading import gguf_path
     from ..model import Model
@@ -117,6 +120,13 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
             torch.set_num_threads(t)
             for name, fmt in built.items():
                 rows.append({"path": f"course {name}", "threads": t, **course_path(fmt, tokenizer, inputs)})
+                if name in compiled:
+                    eager = bare_decode(fmt, inputs["prompt"], inputs["n_new"])["tokens"]
+                    fast = compiled_decode(fmt, inputs["prompt"], inputs["n_new"])
+                    rows.append({"path": f"course {name} compiled", "threads": t,
+                                 "decode_tokens_per_s": fast["tokens_per_s"], "compile_s": fast["compile_s"],
+                                 "first_difference_from_eager": first_difference(fast["tokens"], eager),
+                                 **{k: rows[-1][k] for k in ("prefill_tokens_per_s", "perplexity")}})
             llama = llama_side(gguf_path(), t, inputs, llama_python)
             rows.append({"path": "llama.cpp", "threads": t, **{k: v for k, v in llama.items() if k != "greedy_tokens"}})
             if "int4" in built:
@@ -137,7 +147,7 @@ def describe(record: dict) -> list[str]:
              f"{inputs['prefill_tokens']}; perplexity on {inputs['perplexity_tokens']} tokens of the course's long text"]
     for row in record["rows"]:
         whole = f" (whole loop {row['generate_tokens_per_s']:5.1f})" if "generate_tokens_per_s" in row else " " * 19
-        lines.append(f"  {row['path']:<16} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s{whole}, "
+        lines.append(f"  {row['path']:<20} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s{whole}, "
                      f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
     for t in sorted({row["threads"] for row in record["rows"]}):
         rows = [row for row in record["rows"] if row["threads"] == t]

@@ -10,7 +10,8 @@
 #   SwiGLU, the tied head) and measure how far each piece is from the library's (in float32: nowhere);
 # - run `prefill` and `decode_step` on a preallocated cache you can size, read and roll back;
 # - race the two implementations, find out why the same bytes can be read faster, and read a profile
-#   that says where a decode step's time goes.
+#   that says where a decode step's time goes;
+# - write the decode step at static shapes, and see what compiling it saves.
 
 # %% [markdown]
 # ## Set-up
@@ -21,7 +22,9 @@
 # The code lives in `course_lib/model.py` (about 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
 
 # %%
+import json
 import timeit
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
@@ -323,6 +326,74 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 # llama.cpp goes after; the products' share is what no engine avoids, since every token reads the weights
 # once. Lesson 12 races this engine's formats against llama.cpp on the same file.
 #
+# ## 10. A step with static shapes, and compiling it
+#
+# Every step of ours reads a slice of the cache one column longer than the step before. For `torch.compile`,
+# which traces a function for the shapes it sees, that is a new shape at every token. `course_lib/static_step.py`
+# writes the same decode step with nothing that depends on the context: the cache allocated once at a fixed
+# capacity and read whole, a mask that hides the columns not written yet, the position given as a tensor, and
+# the new key and value written at that position with `index_copy_` (gpt-fast does the same on a GPU, where the
+# fixed shapes also let a CUDA graph replay the whole step). Run eagerly, it is the same arithmetic plus the
+# masked columns:
+
+# %%
+from course_lib.static_step import StaticStep, compile_available
+from course_lib.measure.compiled import timed_static_run
+
+n_static = 24
+capacity = len(story) + n_static + 1
+static_tokens, static_s = timed_static_run(StaticStep(ours, capacity), story, n_static)
+engine_gaps = our_step_seconds(ours, tokenizer, story, n_static + 1)
+median_ms = lambda seconds: 1000 * sorted(seconds)[len(seconds) // 2]  # noqa: E731
+print(f"same tokens as the race: {static_tokens == result['token_ids'][:n_static]} | a step, median of {n_static}: "
+      f"static {median_ms(static_s):.1f} ms, ours {median_ms(engine_gaps):.1f} ms ({capacity} columns read against "
+      f"{len(story)} to {len(story) + n_static})")
+
+# %% [markdown]
+# Static shapes are what let the next tool in: `torch.compile` traces the step once and generates C++ loops that
+# fuse the small operators between the matrix products (norms, rotary, the residual adds, `silu` times `up`),
+# section 9's "everything else". Compiling takes tens of seconds on a CPU and needs a C++ compiler, so this
+# lesson does not wait for it unless you ask (below). The committed benchmark compiled the step for float32
+# and for lesson 12's int4 format on the course's machine:
+
+# %%
+engine_runs = [r for r in sorted(Path("../data/benchmarks").glob("bench-*engine*.json"))
+               if "compiled" in json.loads(r.read_text()).get("engine", {})]
+if engine_runs:
+    record = json.loads(engine_runs[-1].read_text())
+    compiled_run = record["engine"]["compiled"]
+    print(f"committed run {engine_runs[-1].name} ({record['threads']} thread(s)): {compiled_run['what']}")
+    for fmt, row in compiled_run["formats"].items():
+        if not compiled_run["compiled"]:
+            print(f"  {fmt}: not compiled ({compiled_run['why_not']})")
+            continue
+        flipped = row["compiled_first_difference"]
+        print(f"  {fmt:<8} ours {row['engine_ms']:5.1f} ms | static, eager {row['static_eager_ms']:5.1f} ms | compiled "
+              f"{row['compiled_ms']:5.1f} ms: {row['speedup']:.2f}x ours, after {row['compile_s']:.0f} s of compiling | "
+              + ("the same tokens" if flipped is None else f"tokens part from ours at token {flipped}"))
+else:
+    print("no committed run holds engine.compiled yet: python -m course_lib bench --only engine")
+
+# %%
+COMPILE = False  # True: compile the step here (tens of seconds; needs a C++ compiler)
+if COMPILE and compile_available()[0]:
+    fast = StaticStep(ours, capacity, compile=True)
+    compiled_tokens, compiled_s = timed_static_run(fast, story, n_static)
+    print(f"compiled in {fast.compile_seconds:.0f} s; a step {median_ms(compiled_s[1:]):.1f} ms against the static "
+          f"step's {median_ms(static_s):.1f} eagerly; same tokens: {compiled_tokens == static_tokens}")
+else:
+    print("not compiled here:", compile_available()[1] or "COMPILE is False (set it to True to wait for a compile)")
+
+# %% [markdown]
+# Read the committed lines (or yours). The compiled step saves a share of the step, not of the weights' read:
+# the matrix products are the same library kernels, called from the generated code. So the int4 format, whose
+# products are shortest, should gain the larger share (it did in the runs made for this lesson, at one thread
+# and at two), and that is the row lesson 12 races against llama.cpp. In float32 the compiled step gave the
+# very tokens of ours in those runs. In bfloat16 (the int4 format's activations) it need not: its attention adds up a masked cache of fixed size, ours the written columns only, and rounding in a
+# different order can flip a near-tie (the line says at which token). Where a compile measured slower, or no
+# C++ compiler is at hand, ours is what runs: the course's `generate`, batching and the server keep the
+# ordinary step, whose shapes change with every batch.
+#
 # ## Summary
 #
 # - SmolLM2 is about 300 lines of plain torch: embedding, RMSNorm, rotary, grouped-query attention,
@@ -335,6 +406,9 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 #   what the rest costs; the rest grows with calls from Python, not with the profiler's count). The same bytes stored in the order this machine's
 #   kernel streams best (by columns for some matrices here) read faster: that, not Python overhead, is
 #   what separates the two at short context. A long context is where the cache's design shows.
+# - A step with static shapes (a fixed cache read whole, with a mask) can be compiled once: `torch.compile`
+#   fuses the small operators between the matrix products. Section 10 printed what it saved per step on the
+#   course's machine, and what the compile cost in seconds.
 #
 # ---
 # ## Exercises

@@ -377,7 +377,10 @@ else:
 # Read the committed lines as one race: same file, same token IDs, same machine, same sitting. The
 # comparison lines divide the course's fastest path by llama.cpp's at each thread count. Decode is one row
 # at a time: the weights' bytes, then lesson 11's "everything else" (calls from Python among them; llama.cpp's
-# own overhead was not measured here). Prefill is many rows: arithmetic, and there the course's
+# own overhead was not measured here). The `course int4 compiled` rows are the same int4 model with its decode
+# step at static shapes and compiled (lesson 11, section 10): the compile time is in the record, its prompt and
+# perplexity are the int4 row's (the same ordinary pass), and its tokens can part from the int4 row's at a
+# near-tie (the record's `first_difference_from_eager`). Prefill is many rows: arithmetic, and there the course's
 # float formats go through oneDNN's and MKL's matrix kernels, which use the wide and matrix instructions
 # this CPU has. Perplexity on the same text checks that the speed was not bought with quality: the float32
 # weights are the file's own values, so float32 is the file's answer computed without rounding of the

@@ -1,0 +1,86 @@
+"""The static-shape decode step: the same logits as the engine's own decode step (eager, and compiled where a C++
+compiler is at hand), the cache written at the position given as a tensor, and clear errors at its edges."""
+import pytest
+import torch
+
+from course_lib.forward import run_model
+from course_lib.model import Model
+from course_lib.static_step import StaticStep, compile_available
+
+
+@pytest.fixture(scope="module")
+def small(tiny):
+    return Model.from_transformers(tiny)
+
+
+def reference(model, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and each step's logits from the model's ordinary call with its growing cache."""
+    cache = model.new_cache(1, len(prompt) + n)
+    logits, cache = run_model(model, torch.tensor([prompt]), cache)
+    tokens, steps = [], []
+    for _ in range(n):
+        tokens.append(int(logits[0, -1].argmax()))
+        logits, cache = run_model(model, torch.tensor([[tokens[-1]]]), cache)
+        steps.append(logits[0, -1])
+    return tokens, steps
+
+
+def static_run(step: StaticStep, prompt: list[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
+    logits, tokens, steps = step.prefill(prompt), [], []
+    for _ in range(n):
+        tokens.append(int(logits.argmax()))
+        logits = step(tokens[-1])
+        steps.append(logits)
+    return tokens, steps
+
+
+def test_static_step_equals_the_models_decode_step(small, tokenizer):
+    prompt = tokenizer.encode("The static step reads the whole cache")
+    want_tokens, want = reference(small, prompt, 12)
+    step = StaticStep(small, capacity=64)
+    tokens, got = static_run(step, prompt, 12)
+    assert tokens == want_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) < 1e-4
+    assert step.cache.length == len(prompt) + 12 == step.position
+    # the column past the last written one is still empty: the step wrote where the position said
+    assert float(step.cache.keys[0][:, :, step.position:].abs().max()) == 0.0
+    # a second prompt reuses the cache from the start: the old columns are hidden by the mask, not cleared
+    tokens_again, _ = static_run(step, prompt, 12)
+    assert tokens_again == want_tokens
+
+
+def test_the_edges_get_clear_errors(small, tokenizer):
+    step = StaticStep(small, capacity=8)
+    with pytest.raises(ValueError, match="prefill"):
+        step(5)
+    with pytest.raises(ValueError, match="empty"):
+        step.prefill([])
+    with pytest.raises(ValueError, match="no room"):
+        step.prefill(list(range(8)))
+    step.prefill([1, 2, 3, 4, 5, 6, 7])
+    step(8)
+    with pytest.raises(ValueError, match="full"):
+        step(9)
+    with pytest.raises(ValueError, match="capacity"):
+        StaticStep(small, capacity=small.config.max_position_embeddings + 1)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_the_same_tokens(small, tokenizer):
+    ok, why = compile_available()
+    if not ok:
+        pytest.skip(why)
+    prompt = tokenizer.encode("Compiled once, run many times")
+    want_tokens, want = reference(small, prompt, 6)
+    step = StaticStep(small, capacity=32, compile=True)
+    tokens, got = static_run(step, prompt, 6)
+    assert tokens == want_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) < 1e-3  # fused kernels add in another order
+    assert step.compile_seconds > 0
+
+
+def test_first_difference_finds_where_two_runs_part():
+    from course_lib.measure.compiled import first_difference
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # one run stopped early: they part where it ended
