@@ -352,8 +352,10 @@ def format_report(result: dict) -> str:
                          f"at {a['tiny_call_us']:.2f} us each)")
         c = e.get("compiled")
         for fmt, row in (c or {}).get("formats", {}).items():
-            compiled = (f"compiled {row['compiled_ms']:.1f} ms ({row['speedup']:.2f}x the engine's step; compiling took "
-                        f"{row['compile_s']:.0f} s; same tokens: {row['compiled_same_tokens']})" if c["compiled"]
+            compiled = (f"compiled {row['compiled_ms']:.1f} ms ({row['speedup']:.2f}x the engine's step; "
+                        f"{row['compiled_ops_per_step']:.0f} operators against {row['static_eager_ops_per_step']:.0f} "
+                        f"eagerly; compiling took {row['compile_s']:.0f} s; same tokens: {row['compiled_same_tokens']})"
+                        if c["compiled"]
                         else f"not compiled: {c['why_not']}")
             lines.append(f"engine static step ({fmt}): engine {row['engine_ms']:.1f} ms, static eager "
                          f"{row['static_eager_ms']:.1f} ms, {compiled}")

@@ -3,8 +3,8 @@ against the static-shape step run eagerly and compiled, per weight format, one r
 
 What it does: `timed_static_run` (greedy tokens and each step's seconds through a StaticStep), `compiled_decode`
 (the peers' bare loop through a freshly compiled step: tokens per second and the compile time), `compiled_comparison`
-(for float32 and, on the CPU, the int4 format: ms per step of the three, the compile time, and whether the tokens
-are the engine's own); the bench's `engine.compiled`.
+(for float32 and, on the CPU, the int4 format: ms per step of the three, operators per step, the compile time, and
+whether the tokens are the engine's own); the bench's `engine.compiled`.
 What it does not do: decide anything for the engine (the numbers are reported; lesson 11 reads them).
 """
 from __future__ import annotations
@@ -29,6 +29,19 @@ def timed_static_run(step: StaticStep, prompt: list[int], n: int) -> tuple[list[
         synchronize(step.model.device)
         seconds.append(time.perf_counter() - start)
     return tokens, seconds
+
+
+def step_ops(step: StaticStep, prompt: list[int], steps: int = 3) -> float:
+    """Operators per decode step as torch.profiler counts them (every aten:: event, nested ones included, as
+    race.decode_profile counts the engine's step), over `steps` steps after a warm-up of two."""
+    from torch.profiler import ProfilerActivity, profile
+    logits = step.prefill(prompt)
+    for _ in range(2):
+        logits = step(int(logits.argmax()))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            logits = step(int(logits.argmax()))
+    return sum(1 for e in prof.events() if e.name.startswith("aten::")) / steps
 
 
 def compiled_decode(model, prompt_ids: list[int], n_new: int) -> dict:
@@ -62,15 +75,19 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     capacity = len(prompt) + n + 1
     can, why = compile_available()
     result = {"what": f"one row's decode step at static shapes (a {capacity}-column cache read whole, with a mask; "
-                      f"the position as a tensor), torch.compile(dynamic=False) on {ours.device.type}",
+                      f"the position as a tensor), torch.compile(dynamic=False, freezing) on {ours.device.type}; "
+                      "compile_s is the first call's (torch keeps compiled code in an on-disk cache, so a repeat "
+                      "on the same machine compiles faster)",
               "compiled": compile and can, "why_not": "" if compile and can else (why or "not asked (--quick)"),
               "new_tokens": n, "formats": {}}
     for name, model in formats.items():
         want = generate_exact(model, tokenizer, prompt, n)
         our_step_seconds(model, tokenizer, prompt, 3)  # warm-up
         engine_ms = 1000 * median(our_step_seconds(model, tokenizer, prompt, n + 1))
-        eager_tokens, eager_s = timed_static_run(StaticStep(model, capacity), prompt, n)
+        eager = StaticStep(model, capacity)
+        eager_tokens, eager_s = timed_static_run(eager, prompt, n)
         row = {"engine_ms": engine_ms, "static_eager_ms": 1000 * median(eager_s),
+               "static_eager_ops_per_step": step_ops(eager, prompt),
                "static_eager_same_tokens": eager_tokens == want,
                "static_eager_first_difference": first_difference(eager_tokens, want)}
         if result["compiled"]:
@@ -80,6 +97,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
             tokens, seconds = timed_static_run(step, prompt, n)
             compiled_ms = 1000 * median(seconds[1:])
             row |= {"compile_s": step.compile_seconds, "compiled_ms": compiled_ms, "speedup": engine_ms / compiled_ms,
+                    "compiled_ops_per_step": step_ops(step, prompt),
                     "compiled_same_tokens": tokens == want, "compiled_first_difference": first_difference(tokens, want)}
         result["formats"][name] = row
     return result

@@ -371,6 +371,9 @@ if engine_runs:
         print(f"  {fmt:<8} ours {row['engine_ms']:5.1f} ms | static, eager {row['static_eager_ms']:5.1f} ms | compiled "
               f"{row['compiled_ms']:5.1f} ms: {row['speedup']:.2f}x ours, after {row['compile_s']:.0f} s of compiling | "
               + ("the same tokens" if flipped is None else f"tokens part from ours at token {flipped}"))
+        if "compiled_ops_per_step" in row:
+            print(f"           operators per step, as section 9 counts them: {row['static_eager_ops_per_step']:,.0f} "
+                  f"eagerly, {row['compiled_ops_per_step']:,.0f} compiled")
 else:
     print("no committed run holds engine.compiled yet: python -m course_lib bench --only engine")
 
