@@ -84,3 +84,13 @@ def test_first_difference_finds_where_two_runs_part():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2  # one run stopped early: they part where it ended
+
+
+def test_without_a_cpp_compiler_compiling_says_so(small, monkeypatch):
+    import course_lib.static_step as static_step
+    monkeypatch.setattr(static_step.shutil, "which", lambda name: None)
+    ok, why = compile_available()
+    assert not ok and "C++ compiler" in why
+    with pytest.raises(RuntimeError, match="C\\+\\+ compiler"):
+        StaticStep(small, capacity=16, compile=True)
+    StaticStep(small, capacity=16)  # the eager step needs none
