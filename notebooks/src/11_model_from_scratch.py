@@ -388,11 +388,13 @@ else:
     print("not compiled here:", compile_available()[1] or "COMPILE is False (set it to True to wait for a compile)")
 
 # %% [markdown]
-# Read the committed lines (or yours). The compiled step saves a share of the step, not of the weights' read:
-# the matrix products are the same library kernels, called from the generated code. So the int4 format, whose
-# products are shortest, should gain the larger share (it did in the runs made for this lesson, at one thread
-# and at two), and that is the row lesson 12 races against llama.cpp. In float32 the compiled step gave the
-# very tokens of ours in those runs. In bfloat16 (the int4 format's activations) it need not: its attention adds up a masked cache of fixed size, ours the written columns only, and rounding in a
+# Read the committed lines (or yours). The compiled step saves time between the matrix products, not in them:
+# the products are the same library kernels, called from the generated code, and the operator counts show how
+# much less there is to call. Where the products are short (int4) that saving is a larger share of the step,
+# but a gap of a few percent between the two speed-ups is within what a busy machine moves between runs: read
+# them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
+# In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4
+# format's activations) it need not: its attention adds up a masked cache of fixed size, ours the written columns only, and rounding in a
 # different order can flip a near-tie (the line says at which token). Where a compile measured slower, or no
 # C++ compiler is at hand, ours is what runs: the course's `generate`, batching and the server keep the
 # ordinary step, whose shapes change with every batch.
