@@ -95,7 +95,7 @@ def score_times(lengths: list[int], heads: int, head_dim: int, repeats: int = 5)
     for T in lengths:
         q, k, v = (torch.randn(heads, T, head_dim) for _ in range(3))  # (H, T, D)
         runs = []
-        for i in range(repeats + 1):
+        for _ in range(repeats + 1):  # the first run is the untimed warm-up, dropped below
             start = time.perf_counter()
             s = (q @ k.transpose(-1, -2) / math.sqrt(head_dim)).masked_fill(
                 torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
@@ -103,4 +103,3 @@ def score_times(lengths: list[int], heads: int, head_dim: int, repeats: int = 5)
             runs.append(time.perf_counter() - start)
         out.append(runs[1:])
     return out
-

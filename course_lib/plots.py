@@ -17,6 +17,17 @@ def axes_or_new(ax, size=(7, 3.5)):
     return ax
 
 
+def spread_bars(ax, xs, ys, lows, highs, color, horizontal: bool = False) -> None:
+    """A bar through each measured point from its fastest to its slowest repeat (lows, highs), so a noisy run
+    looks noisy. horizontal: the measurements run along x (bar charts drawn with barh)."""
+    below = [y - lo for y, lo in zip(ys, lows)]
+    above = [hi - y for y, hi in zip(ys, highs)]
+    if horizontal:
+        ax.errorbar(ys, xs, xerr=[below, above], fmt="none", ecolor=color, capsize=3, alpha=0.7)
+    else:
+        ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=color, capsize=3, alpha=0.7)
+
+
 def one_legend(fig, axes) -> None:
     """Panels that share their series get one legend above them all, instead of one per panel (or none)."""
     handles, labels = axes[0].get_legend_handles_labels()
@@ -188,9 +199,7 @@ def plot_xy(xs, ys, xlabel: str, ylabel: str, ax=None, title: str = "", fit_line
     ax = axes_or_new(ax)
     line, = ax.plot(xs, ys, "o-", markersize=4, label=label)
     if spread is not None:
-        low = [y - lo for y, (lo, _) in zip(ys, spread)]
-        high = [hi - y for y, (_, hi) in zip(ys, spread)]
-        ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.7)
+        spread_bars(ax, xs, ys, [lo for lo, _ in spread], [hi for _, hi in spread], line.get_color())
     top = max([hi for _, hi in spread] if spread is not None else ys)
     if min(ys) >= 0:
         ax.set_ylim(0, top * 1.1 or 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plots import PALETTE, axes_or_new
+from .plots import PALETTE, axes_or_new, spread_bars
 
 
 def plot_step_bytes(contexts: list[int], weights: dict[str, int], cache_per_token: dict[str, float], ax=None,
@@ -38,8 +38,7 @@ def plot_step_curve(curves: dict[str, list[dict]], ax=None, title: str = "Measur
         slope, intercept = np.polyfit(x, y, 1)
         ax.plot(x, y, "o", color=PALETTE[i], label=f"{name}, measured (median; bars: fastest to slowest)")
         if all("ms_min" in c for c in curve):
-            low, high = np.array([c["ms_min"] for c in curve]), np.array([c["ms_max"] for c in curve])
-            ax.errorbar(x, y, yerr=[y - low, high - y], fmt="none", ecolor=PALETTE[i], capsize=3, alpha=0.7)
+            spread_bars(ax, x, y, [c["ms_min"] for c in curve], [c["ms_max"] for c in curve], PALETTE[i])
         ax.plot(x, intercept + slope * x, "-", color=PALETTE[i], alpha=0.5,
                 label=f"{name}: {intercept:.1f} ms + {1000 * slope:.2f} ms per 1,000 tokens")
     ax.set_xlabel("tokens in the context")

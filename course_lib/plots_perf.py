@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .plots import PALETTE, axes_or_new
+from .plots import PALETTE, axes_or_new, spread_bars
 
 
 def plot_cache_timing(cached: list[float], uncached: list[float], ax=None,
@@ -124,10 +124,8 @@ def plot_throughput_latency(rows: list[dict], ax=None, title: str = "Throughput 
         slow = [max(r["seconds_runs"]) for r in rows]
         rate_hi = [r["batch"] * r["new_tokens"] / f for r, f in zip(rows, fast)]
         rate_lo = [r["batch"] * r["new_tokens"] / s for r, s in zip(rows, slow)]
-        rate_bars = [[m - lo for m, lo in zip(rates, rate_lo)], [hi - m for m, hi in zip(rates, rate_hi)]]
-        latency_bars = [[m - f for m, f in zip(latency, fast)], [s - m for m, s in zip(latency, slow)]]
-        ax.errorbar(sizes, rates, yerr=rate_bars, fmt="none", ecolor=PALETTE[0], capsize=3, alpha=0.7)
-        right.errorbar(sizes, latency, yerr=latency_bars, fmt="none", ecolor=PALETTE[3], capsize=3, alpha=0.7)
+        spread_bars(ax, sizes, rates, rate_lo, rate_hi, PALETTE[0])
+        spread_bars(right, sizes, latency, fast, slow, PALETTE[3])
     ax.set_title(title)
     return ax
 
@@ -158,9 +156,8 @@ def plot_race(names: list[str], tokens_per_s: list[float], ax=None,
     ax = axes_or_new(ax, (6, 2.6))
     bars = ax.barh(names, tokens_per_s, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
     if runs is not None:
-        low = [v - min(r) for v, r in zip(tokens_per_s, runs)]
-        high = [max(r) - v for v, r in zip(tokens_per_s, runs)]
-        ax.errorbar(tokens_per_s, range(len(names)), xerr=[low, high], fmt="none", ecolor="black", capsize=3)
+        spread_bars(ax, range(len(names)), tokens_per_s, [min(r) for r in runs], [max(r) for r in runs], "black",
+                    horizontal=True)
         ax.set_xlabel("tokens per second (decode, batch 1); bar: best repeat, line: slowest to fastest")
     else:
         ax.set_xlabel("tokens per second (decode, batch 1)")

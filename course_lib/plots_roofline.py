@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .plots import PALETTE, axes_or_new
+from .plots import PALETTE, axes_or_new, spread_bars
 
 
 def plot_decode_bytes(names: list[str], bytes_per_token: list[float], ms_per_token: list[float], read_bytes_per_s: float,
@@ -26,9 +26,7 @@ def plot_decode_bytes(names: list[str], bytes_per_token: list[float], ms_per_tok
     for i, (name, b, ms) in enumerate(zip(names, bytes_per_token, ms_per_token)):
         ax.scatter([b / 1e6], [ms], color=PALETTE[i % len(PALETTE)], zorder=3)
         if spread is not None:
-            fast, slow = spread[i]
-            ax.errorbar([b / 1e6], [ms], yerr=[[ms - fast], [slow - ms]], fmt="none", ecolor=PALETTE[i % len(PALETTE)],
-                        capsize=3, alpha=0.7)
+            spread_bars(ax, [b / 1e6], [ms], [spread[i][0]], [spread[i][1]], PALETTE[i % len(PALETTE)])
         ax.annotate(name, (b / 1e6, ms), textcoords="offset points", xytext=(5, 4), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")

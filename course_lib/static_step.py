@@ -16,11 +16,9 @@ import shutil
 import time
 
 import torch
-import torch.nn.functional as F
 
-from .attention import apply_rotary
 from .forward import run_model
-from .model import embed, feed_forward, head, norm
+from .model import block, embed, head
 from .runtime import synchronize
 
 
@@ -87,20 +85,28 @@ class StaticStep:
         return logits[0, -1]
 
     def _decode(self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-        """token (1, 1), position (1,) -> logits (1, 1, V). Shapes never depend on the position."""
+        """token (1, 1), position (1,) -> logits (1, 1, V). The model's own blocks, with a cache that writes at the
+        position tensor and hands attention every column, and a mask over the columns written so far: no shape
+        depends on the position."""
         model = self.model
-        H, KV, D = model.heads, model.kv_heads, model.head_dim
         cos, sin = self.cos[position][None, None], self.sin[position][None, None]  # (1, 1, 1, D)
         seen = (self.columns <= position)[None, None, None]  # (1, 1, 1, capacity): the columns written so far
+        cache = _Columns(keys, values)
         x = embed(model, token)  # (1, 1, hidden)
-        for index, layer in enumerate(model.layers):
-            h = norm(x, layer.attn_norm, model.eps)
-            qkv = layer.qkv(h).view(1, 1, H + 2 * KV, D).transpose(1, 2)  # (1, H + 2 KV, 1, D)
-            qk = apply_rotary(qkv[:, :H + KV], cos, sin)
-            keys[index].index_copy_(2, position, qk[:, H:])  # (1, KV, capacity, D): this token's column
-            values[index].index_copy_(2, position, qkv[:, H + KV:])
-            q = qk[:, :H].reshape(1, KV, H // KV, D)  # the query heads that share a key/value head, folded
-            out = F.scaled_dot_product_attention(q, keys[index], values[index], attn_mask=seen)  # (1, KV, G, D)
-            x = x + layer.o(out.reshape(1, 1, H * D))
-            x = x + feed_forward(layer, norm(x, layer.mlp_norm, model.eps))
+        for index in range(len(model.layers)):
+            x = block(model, index, x, cos, sin, cache, position, seen)
         return head(model, x)
+
+
+class _Columns:
+    """The cache as the static step's blocks see it: `write` puts this token's key and value at the column the
+    position tensor names (index_copy_) and returns every column of the layer, written or not (the mask hides
+    the rest)."""
+
+    def __init__(self, keys: list, values: list):
+        self.keys, self.values = keys, values
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, position: torch.Tensor):
+        self.keys[layer].index_copy_(2, position, k)  # (1, KV, capacity, D): this token's column
+        self.values[layer].index_copy_(2, position, v)
+        return self.keys[layer], self.values[layer]

@@ -27,31 +27,29 @@ from ..context import filler_ids, story_ids
 from ..generation import decode_step, prefill
 from .speed import cached_run, uncached_run
 from .timers import TIMING_TOKEN, median
-from ..runtime import describe_device, synchronize, time_it
+from ..runtime import describe_device, time_it
 
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @torch.inference_mode()
-def prefill_seconds(model, tokenizer, lengths: list[int], repeats: int = 3) -> list[float]:
-    """Best time to prefill a prompt of each length (time to first token, less the pick)."""
-    return [time_it(lambda n=n: prefill(model, filler_ids(tokenizer, n)), model.device, repeats=repeats).best
-            for n in lengths]
-
-
-@torch.inference_mode()
 def prefill_timings(model, tokenizer, lengths: list[int], repeats: int = 3) -> list:
     """Every repeat of a prefill of each length (runtime.Timing: best, median, all the seconds), for plots that
-    show the spread; prefill_seconds keeps only the best."""
+    show the spread."""
     return [time_it(lambda n=n: prefill(model, filler_ids(tokenizer, n)), model.device, repeats=repeats)
             for n in lengths]
+
+
+def prefill_seconds(model, tokenizer, lengths: list[int], repeats: int = 3) -> list[float]:
+    """Best time to prefill a prompt of each length (time to first token, less the pick)."""
+    return [t.best for t in prefill_timings(model, tokenizer, lengths, repeats)]
 
 
 @torch.inference_mode()
 def decode_timings(model, tokenizer, contexts: list[int], steps: int = 8) -> list:
     """Every decode step's seconds once the cache holds `context` tokens (runtime.Timing per context), after one
-    warm-up step; decode_seconds keeps only their mean."""
+    warm-up step."""
     out = []
     for n in contexts:
         _, cache = prefill(model, filler_ids(tokenizer, n))
@@ -60,20 +58,9 @@ def decode_timings(model, tokenizer, contexts: list[int], steps: int = 8) -> lis
     return out
 
 
-@torch.inference_mode()
 def decode_seconds(model, tokenizer, contexts: list[int], steps: int = 8) -> list[float]:
     """Mean time of one decode step once the cache holds `context` tokens."""
-    out = []
-    for n in contexts:
-        _, cache = prefill(model, filler_ids(tokenizer, n))
-        decode_step(model, [TIMING_TOKEN], cache)  # warm-up step
-        synchronize(model.device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            decode_step(model, [TIMING_TOKEN], cache)
-        synchronize(model.device)
-        out.append((time.perf_counter() - start) / steps)
-    return out
+    return [t.mean for t in decode_timings(model, tokenizer, contexts, steps)]
 
 
 def memory_bandwidth(device: torch.device | str = "cpu", megabytes: int | None = None, repeats: int = 3) -> float:

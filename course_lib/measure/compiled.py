@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ..runtime import synchronize
 from ..static_step import StaticStep, compile_available
 from .race import generate_exact, our_step_seconds
@@ -44,13 +46,17 @@ def step_ops(step: StaticStep, prompt: list[int], steps: int = 3) -> float:
     return sum(1 for e in prof.events() if e.name.startswith("aten::")) / steps
 
 
+def fresh_compiled_step(model, capacity: int) -> StaticStep:
+    """A StaticStep compiled afresh: torch.compile's kernels are built for the thread count they were compiled at,
+    so the ones built earlier (at another count, or for another format) are dropped first."""
+    torch._dynamo.reset()
+    return StaticStep(model, capacity, compile=True)
+
+
 def compiled_decode(model, prompt_ids: list[int], n_new: int) -> dict:
-    """The bare loop of measure.peers (argmax fed back) through a StaticStep compiled afresh at the current thread
-    count (torch.compile's kernels are built for the threads they were compiled at): tokens per second from the
-    median gap (the first step, which compiles, left out), the compile time, and the greedy tokens."""
-    import torch
-    torch._dynamo.reset()  # note: a new compile, not the kernels built earlier at another thread count
-    step = StaticStep(model, len(prompt_ids) + n_new + 1, compile=True)
+    """The bare loop of measure.peers (argmax fed back) through a freshly compiled StaticStep: tokens per second
+    from the median gap (the first step, which compiles, left out), the compile time, and the greedy tokens."""
+    step = fresh_compiled_step(model, len(prompt_ids) + n_new + 1)
     tokens, seconds = timed_static_run(step, prompt_ids, n_new)
     return {"tokens": tokens, "tokens_per_s": 1 / median(seconds[1:]), "compile_s": step.compile_seconds}
 
@@ -66,8 +72,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     CPU, the int4 format. compile=False (or no C++ compiler) measures the first two only and says why. Tokens are
     compared with the engine's greedy ones: in bfloat16 (the int4 format's activations) the static step's attention
     over the whole masked cache adds in another order than the engine's over the written columns, so a near-tie
-    can flip (first_difference says where).
-    Note: torch.compile is reset first, so the kernels are built at the current thread count."""
+    can flip (first_difference says where)."""
     from ..formats import convert
     formats = {"float32": ours}
     if ours.device.type == "cpu":
@@ -91,9 +96,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
                "static_eager_same_tokens": eager_tokens == want,
                "static_eager_first_difference": first_difference(eager_tokens, want)}
         if result["compiled"]:
-            import torch
-            torch._dynamo.reset()
-            step = StaticStep(model, capacity, compile=True)
+            step = fresh_compiled_step(model, capacity)
             tokens, seconds = timed_static_run(step, prompt, n)
             compiled_ms = 1000 * median(seconds[1:])
             row |= {"compile_s": step.compile_seconds, "compiled_ms": compiled_ms, "speedup": engine_ms / compiled_ms,
