@@ -3,18 +3,20 @@
 What it does: quantizes weight matrices (int8 with one scale per output channel; 4-bit in groups of
 32 with a scale and a minimum per group, the GGUF file's own Q4_1 layout) and wraps each format in a
 linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8 weights cast back to
-float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`) and
-`Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)` returns the model in one
+float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`),
+`Int8DynamicLinear` (int8 weights times activations rounded to 8 bits per row, oneDNN's integer product: the
+int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)` returns the model in one
 of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the server run it as
 any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
 measure/quality.py for agreement and perplexity.)
 Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
 with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
 the file), so the 4-bit formats lose nothing but rounding.
-What it does not do: calibrate, quantize activations or the KV cache, or run the 4-bit kernel on a GPU
+What it does not do: calibrate, quantize activations (except the int4 format's head, per row at each call) or
+the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU
 (torch's is a CPU kernel; CUDA gets float32, bfloat16 and int8-cast).
 Note: the fused kernels are torch's private operators (`torch._weight_int8pack_mm`,
-`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`): they may change between
+`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`, `torch.ops.onednn.qlinear_*`): they may change between
 releases, which the pinned torch (2.13.0) guards against; tests/test_formats.py checks each against its
 dequantized weights.
 """
@@ -27,6 +29,23 @@ import torch.nn.functional as F
 
 from .model import Linear, Model
 
+
+
+def int8_dynamic_available() -> bool:
+    """Whether this torch build runs oneDNN's int8 x int8 product here (x86 builds do; some ARM builds do not)."""
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(torch.ones(2, 4, dtype=torch.int8), [1, 4])
+        torch.ops.onednn.qlinear_pointwise.tensor(torch.ones(1, 4, dtype=torch.uint8), torch.tensor(1.0),
+                                                  torch.tensor(0), packed, torch.ones(2), torch.zeros(2, dtype=torch.long),
+                                                  None, 1.0, 0, torch.float32, "none", [], "")
+        return True
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+# note: the int4 format's head rounds its input to 8 bits too where oneDNN's integer product runs (lesson 12,
+# section 7: faster, for a perplexity within 0.1% of the weight-only int8 head); elsewhere the weight-only one
+INT4_HEAD = "int8-dynamic" if int8_dynamic_available() else "int8"
 # name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
 FORMATS = {
     "float32": (torch.float32, "float", "float"),
@@ -34,7 +53,7 @@ FORMATS = {
     "int8-cast": (torch.float32, "int8-cast", "int8-cast"),
     "int8": (torch.bfloat16, "int8", "int8"),
     "int4-float32": (torch.float32, "int4", "float"),
-    "int4": (torch.bfloat16, "int4", "int8"),
+    "int4": (torch.bfloat16, "int4", INT4_HEAD),
 }
 GROUP = 32  # the file's Q4_1 block: 32 weights share a scale and a minimum
 
@@ -99,6 +118,43 @@ class Int8Linear(CastInt8Linear):
         return torch._weight_int8pack_mm(flat, self.q, self.scale).reshape(*x.shape[:-1], self.q.shape[0])
 
 
+class Int8DynamicLinear(CastInt8Linear):
+    """int8 weights (one scale per output channel) times 8-bit activations: each row of x is rounded to 256
+    levels between its own minimum and maximum at every call (dynamic quantization: uint8 q = x / s + z), and
+    oneDNN's integer product (`torch.ops.onednn.qlinear_pointwise`, the kernel torch's compiler uses for int8
+    models on x86) reads the weights with the CPU's integer dot-product instructions (VNNI where there are).
+    All rows go in one call: the kernel sees q with no zero point, and each row's s and z are applied after,
+    out = s * (q @ W.T - z * W.sum(1)), exact algebra. Unlike Int8Linear it rounds the activations too. CPU
+    only; lesson 12 measures it as the output head."""
+    format = "int8-dynamic"
+    compiles = False  # note: torch.compile's lowering wants the packed weight as a module constant: called eagerly
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        if weight.device.type != "cpu":
+            raise ValueError("the int8 x int8 kernel used here (oneDNN's qlinear) runs on the CPU only")
+        super().__init__(weight)
+        self.dtype = dtype
+        self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.q.shape[1]])  # oneDNN's own weight layout
+        self.zeros = torch.zeros(self.q.shape[0], dtype=torch.long)
+        self.row_sums = self.q.float().sum(dim=1) * self.scale  # (N,): each output's weights summed, dequantized
+        self.one, self.none = torch.tensor(1.0), torch.tensor(0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()  # (R, K)
+        low, high = flat.amin(dim=1, keepdim=True).clamp(max=0), flat.amax(dim=1, keepdim=True).clamp(min=0)
+        scale = ((high - low) / 255).clamp(min=1e-12)  # (R, 1): one per row
+        zero = torch.round(-low / scale)  # (R, 1): the level that stands for 0
+        q = (torch.round(flat / scale) + zero).clamp(0, 255).to(torch.uint8)  # (R, K)
+        out = torch.ops.onednn.qlinear_pointwise.tensor(q, self.one, self.none, self.packed, self.scale, self.zeros,
+                                                        None, 1.0, 0, torch.float32, "none", [], "")  # (R, N)
+        out = scale * (out - zero * self.row_sums)
+        return out.to(self.dtype).reshape(*x.shape[:-1], self.q.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + (self.scale.numel() + self.row_sums.numel()) * 4  # int8 weights, two float32 per row
+
+
 class Int4Linear:
     """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel."""
     format = "int4"
@@ -145,6 +201,8 @@ def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype):
         return Int8Linear(weight, dtype)
     if kind == "int4":
         return Int4Linear(weight, dtype)
+    if kind == "int8-dynamic":
+        return Int8DynamicLinear(weight, dtype)
     raise ValueError(f"unknown linear kind {kind!r}")
 
 

@@ -345,3 +345,38 @@ def plot_serving_load(rates: list[float], figures: dict[str, list[float]], ax=No
     ax.legend()
     ax.set_title(title)
     return ax
+
+
+def plot_step_parts(record: dict, ax=None, title: str = "Where a decode step's milliseconds go, beside llama.cpp's"):
+    """From a peers record's `profile` (measure.compiled.step_parts): per thread count, the compiled step split into
+    its parts (stacked), llama.cpp's milliseconds per token below it (its own timer, then the rest of its gap), and
+    a dashed tick at the weights' read floor (their bytes at the measured streaming rate; neither side can go under
+    it). A part measured below zero (the rest, when the parts timed alone add up past the step) is drawn as zero."""
+    from .measure.compiled import PARTS
+    bars, floors = {}, []
+    for p in record.get("profile", []):
+        t = p["threads"]
+        bars[f"{p['path']}, {t} thread(s)"] = {part.replace("_", " "): max(0.0, p["ms"][part]) for part in PARTS}
+        floors.append(p["read_floor_ms"])
+        llama = next((r for r in record["rows"] if r["path"] == "llama.cpp" and r["threads"] == t), None)
+        if llama is not None:
+            gap = 1000 / llama["decode_tokens_per_s"]
+            own = llama.get("eval_ms_per_token")
+            bars[f"llama.cpp, {t} thread(s)"] = ({"llama.cpp, its own timer": own, "llama.cpp, around its calls":
+                                                  max(0.0, gap - own)} if own else {"llama.cpp, whole gap": gap})
+            floors.append(p["read_floor_ms"])
+    ax = axes_or_new(ax, (9, 0.6 * len(bars) + 1.6))
+    groups = list(dict.fromkeys(g for b in bars.values() for g in b))
+    left = [0.0] * len(bars)
+    for i, group in enumerate(groups):
+        widths = [b.get(group, 0.0) for b in bars.values()]
+        ax.barh(list(bars), widths, left=left, label=group, color=PALETTE[i % len(PALETTE)])
+        left = [a + w for a, w in zip(left, widths)]
+    for i, floor in enumerate(floors):
+        ax.plot([floor, floor], [i - 0.45, i + 0.45], color="black", linestyle="--",
+                label="the weights' read floor" if i == 0 else None)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per token, one row, greedy")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.set_title(title)
+    return ax

@@ -49,6 +49,32 @@ def test_each_kernel_multiplies_like_its_dequantized_weights(kind, dtype, tol):
     assert ((got - want).norm() / want.norm()) < tol
 
 
+@pytest.mark.skipif(not formats.int8_dynamic_available(), reason="this torch build has no oneDNN int8 x int8 product")
+def test_the_int8_dynamic_head_is_the_exact_algebra_of_its_rounded_rows():
+    torch.manual_seed(0)
+    w = torch.randn(300, 64) * 0.05
+    layer = formats.make_linear(w, "int8-dynamic", torch.float32)
+    x = torch.randn(2, 3, 64) + 0.4  # rows that are not centred on zero: the zero point matters
+    got = layer(x)
+    # what the layer should compute: each row rounded to 256 levels between min(row, 0) and max(row, 0), times
+    # the int8 weights, written out here in float64 without the kernel
+    flat = x.reshape(6, 64).double()
+    low, high = flat.amin(1, keepdim=True).clamp(max=0), flat.amax(1, keepdim=True).clamp(min=0)
+    s = (high - low) / 255
+    z = torch.round(-low / s)
+    rows = ((torch.round(flat / s) + z).clamp(0, 255) - z) * s
+    q, scale = formats.quantize_int8(w)
+    want = rows @ (q.double() * scale.double()[:, None]).T
+    assert got.shape == (2, 3, 300)
+    assert float((got.reshape(6, 300).double() - want).abs().max()) < 1e-4
+    # all rows in one call equal each row alone (the rows' own scales, applied after the kernel)
+    one_by_one = torch.cat([layer(x[i:i + 1, j:j + 1]).reshape(1, 300) for i in range(2) for j in range(3)])
+    assert torch.equal(one_by_one, got.reshape(6, 300))
+    # and it is a rounding of the float product, not something else
+    exact = x.reshape(6, 64) @ w.T
+    assert float((got.reshape(6, 300) - exact).norm() / exact.norm()) < 0.02
+
+
 def test_int4_with_float32_activations_equals_the_float32_model(ours, converted, tokenizer):
     ids = chat_ids(tokenizer, QUESTIONS[0], system="You are a helpful assistant.")
     a = ours(input_ids=torch.tensor([ids])).logits

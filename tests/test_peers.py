@@ -91,15 +91,68 @@ def test_the_committed_record_holds_what_the_issue_asks():
     assert all(r["perplexity"] > 1 and r["decode_tokens_per_s"] > 0 for r in record["rows"])
     compiled = [r for r in record["rows"] if r["path"] == "course int4 compiled"]  # the compiled step, at 1 and 2
     assert sorted(r["threads"] for r in compiled) == [1, 2] and all(r["compile_s"] > 0 for r in compiled)
+    # where the compiled step's milliseconds go, at both thread counts, beside llama.cpp's own timer
+    from course_lib.measure.compiled import PARTS
+    assert sorted(p["threads"] for p in record["profile"]) == [1, 2]
+    for p in record["profile"]:
+        assert set(p["ms"]) == {"step", *PARTS} and p["read_floor_ms"] > 0
+        assert p["ms"]["step"] == pytest.approx(sum(p["ms"][part] for part in PARTS))
+    assert all(r["eval_ms_per_token"] > 0 for r in record["rows"] if r["path"] == "llama.cpp")
+    assert {h["head"] for h in record["head"]} == {"float", "int8", "int8-dynamic", "int4"}
+
+
+SYNTHETIC = {"rows": [{"path": "llama.cpp", "threads": 1, "decode_tokens_per_s": 100.0, "eval_ms_per_token": 9.0}],
+             "profile": [{"path": "course int4 compiled", "threads": 1, "read_floor_ms": 6.0,
+                          "read_bytes_per_s": 16e9, "bytes": {"weights": 96e6},
+                          "ms": {"step": 11.0, "layer_products": 6.0, "head": 2.5, "attention": 0.7, "loop": 0.2,
+                                 "rest": 1.6}}]}
+
+
+def test_profile_lines_put_the_step_beside_llama_cpp():
+    lines = peers.profile_lines(SYNTHETIC)
+    assert lines[0].startswith("  1 thread(s), course int4 compiled step 11.00 ms = layer products 6.00 + head 2.50")
+    assert "read floor 6.00 ms (96.0 MB at 16.0 GB/s)" in lines[0]
+    assert lines[1].strip() == "llama.cpp 10.00 ms a token (its own timer: 9.00)"
+
+
+def test_the_step_parts_figure_draws_what_the_record_holds():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course_lib import plots_perf
+    ax = plots_perf.plot_step_parts(SYNTHETIC)
+    bars = [(b.get_y(), b.get_x(), b.get_width()) for b in ax.patches if b.get_width() > 0]
+    course = sorted((x, w) for y, x, w in bars if y < 0.5)  # the first bar: the compiled step's parts, stacked
+    assert [round(w, 6) for _, w in course] == [6.0, 2.5, 0.7, 0.2, 1.6]
+    assert course[-1][0] + course[-1][1] == pytest.approx(11.0)
+    llama = sorted((x, w) for y, x, w in bars if y > 0.5)
+    assert [round(w, 6) for _, w in llama] == [9.0, 1.0]  # its own timer, then the rest of its 10 ms gap
+    floors = [line.get_xdata()[0] for line in ax.lines]
+    assert floors == [6.0, 6.0]
+
+
+@pytest.mark.slow
+def test_step_parts_reads_the_models_own_bytes(tiny):
+    from course_lib.measure.compiled import step_parts
+    from course_lib.static_step import compile_available
+    if not compile_available()[0]:
+        pytest.skip(compile_available()[1])
+    ours = Model.from_transformers(tiny, dtype=torch.float32)
+    p = step_parts(ours, [5, 6, 7, 8], n_new=6)
+    assert p["bytes"]["weights"] == ours.weight_bytes()
+    assert p["bytes"]["head"] == ours.lm_head.nbytes
+    assert p["bytes"]["layer_products"] == sum(m.nbytes for m in ours.linears()[:-1])
+    assert p["read_floor_ms"] == pytest.approx(1000 * ours.weight_bytes() / p["read_bytes_per_s"])
+    assert all(p["ms"][part] > 0 for part in ("step", "layer_products", "attention", "loop"))
 
 
 def test_head_options_read_fewer_bytes_with_fewer_bits(tiny, tokenizer):
     ours = Model.from_transformers(tiny, dtype=torch.float32)
     inputs = {"prompt": [5, 6, 7], "long": [], "text": list(range(3, 20)), "n_new": 3}
     rows = peers.head_options(ours, tokenizer, inputs)
-    assert [r["head"] for r in rows] == ["float", "int8", "int4"]
-    sizes = [r["weight_bytes"] for r in rows]
-    assert sizes[0] > sizes[1] > sizes[2]  # the tiny model's head is most of its bytes
+    assert [r["head"] for r in rows] == ["float", "int8", "int8-dynamic", "int4"]
+    sizes = {r["head"]: r["weight_bytes"] for r in rows}
+    assert sizes["float"] > sizes["int8-dynamic"] > sizes["int8"] > sizes["int4"]  # the tiny model's head is most of
+    # its bytes; the int8 x int8 head keeps two float32 numbers per row where the weight-only one keeps one bfloat16
     assert all(r["decode_tokens_per_s"] > 0 and r["perplexity"] > 1 for r in rows)
 
 

@@ -80,7 +80,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     capacity = len(prompt) + n + 1
     can, why = compile_available()
     result = {"what": f"one row's decode step at static shapes (a {capacity}-column cache read whole, with a mask; "
-                      f"the position as a tensor), torch.compile(dynamic=False, freezing) on {ours.device.type}; "
+                      f"the position as a tensor), torch.compile(dynamic=False, freezing, cpp_wrapper) on {ours.device.type}; "
                       "compile_s is the first call's (torch keeps compiled code in an on-disk cache, so a repeat "
                       "on the same machine compiles faster)",
               "compiled": compile and can, "why_not": "" if compile and can else (why or "not asked (--quick)"),
@@ -104,3 +104,56 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
                     "compiled_same_tokens": tokens == want, "compiled_first_difference": first_difference(tokens, want)}
         result["formats"][name] = row
     return result
+
+
+PARTS = ("layer_products", "head", "attention", "loop", "rest")  # step_parts' split of a step, in this order
+
+
+@torch.inference_mode()
+def step_parts(model, prompt_ids: list[int], n_new: int = 64) -> dict:
+    """Where one compiled decode step's milliseconds go, one row, at the current thread count (the issue asks for
+    each millisecond against llama.cpp's). ms: `step`, the median gap of the peers' bare loop through a freshly
+    compiled StaticStep (the argmax included); `layer_products`, every layer's matrix product called alone from
+    Python in the step's order (the same objects, one row each); `head`, the output head alone; `attention`, each
+    layer's attention alone over the step's cache with its mask; `loop`, the loop's own work (the argmax of the
+    logits, the token and position made tensors); `rest`, the step minus those four (the generated kernels:
+    norms, rotary, residual adds, silu, cache writes; entering the compiled code). The head is timed right after
+    the layers' products, as a step reads it. Also the bytes
+    the weights' read takes, the machine's streaming read (memory.read_bandwidth) and so `read_floor_ms`, the
+    time those bytes take at that rate: no engine's step on this file can be shorter than its read."""
+    import math
+
+    import torch.nn.functional as F
+
+    from .memory import read_bandwidth
+    from .timers import best_of
+    capacity = len(prompt_ids) + n_new + 1
+    step = fresh_compiled_step(model, capacity)
+    _, seconds = timed_static_run(step, prompt_ids, n_new)
+    layer_linears = model.linears()[:-1]
+    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device) for k in {m.in_features for m in layer_linears}}
+    x = torch.randn(1, 1, model.lm_head.in_features, dtype=model.dtype, device=model.device)
+    products_s, _ = best_of(lambda: [m(rows[m.in_features]) for m in layer_linears], repeats=5, device=model.device)
+    # note: the head is timed after the layers' products, as the step reads it (alone and repeated, its 28 MB
+    # would stay in the caches and read faster than it does in a step)
+    weights_s, _ = best_of(lambda: ([m(rows[m.in_features]) for m in layer_linears], model.lm_head(x)), repeats=5,
+                           device=model.device)
+    logits = model.lm_head(x)[0, -1]  # (V,)
+    loop_s, _ = best_of(lambda: (torch.tensor([[int(logits.argmax())]]), torch.tensor([0])), repeats=20,
+                        device=model.device)
+    groups, D = model.heads // model.kv_heads, model.head_dim
+    q = torch.randn(1, model.kv_heads, groups, D, dtype=model.dtype, device=model.device)
+    seen = (torch.arange(capacity, device=model.device) < capacity - 1)[None, None, None].expand(1, 1, groups, capacity)
+    keys, values = step.cache.keys, step.cache.values
+    attention_s, _ = best_of(lambda: [F.scaled_dot_product_attention(q, k, v, attn_mask=seen)
+                                      for k, v in zip(keys, values)], repeats=5, device=model.device)
+    bandwidth = read_bandwidth()
+    weight_bytes = model.weight_bytes()
+    ms = {"step": 1000 * median(seconds[1:]), "layer_products": 1000 * products_s,
+          "head": 1000 * (weights_s - products_s), "attention": 1000 * attention_s, "loop": 1000 * loop_s}
+    ms["rest"] = ms["step"] - sum(ms[part] for part in PARTS if part != "rest")
+    return {"threads": torch.get_num_threads(), "context": capacity, "ms": ms,
+            "bytes": {"layer_products": sum(m.nbytes for m in layer_linears), "head": model.lm_head.nbytes,
+                      "attention": sum(k.numel() * k.element_size() * 2 for k in keys), "weights": weight_bytes},
+            "read_bytes_per_s": bandwidth, "read_floor_ms": 1000 * weight_bytes / bandwidth,
+            "compile_s": step.compile_seconds, "tokens_per_s": 1000 / ms["step"] if ms["step"] > 0 else math.nan}

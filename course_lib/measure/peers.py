@@ -21,6 +21,7 @@ import torch
 from .peers_llama import llama_cpp_available, llama_path
 from .quality import perplexity
 from .race import our_step_seconds
+from .compiled import PARTS
 from .timers import best_of, median
 
 def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_tokens: int = 1024) -> dict:
@@ -65,7 +66,7 @@ def course_path(model, tokenizer, inputs: dict) -> dict:
             "prefill_tokens_per_s": course_prefill(model, inputs["long"]), "perplexity": perplexity(model, inputs["text"])}
 
 
-def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("float", "int8", "int4"),
+def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("float", "int8", "int8-dynamic", "int4"),
                  quality: bool = True) -> list[dict]:
     """The output head (a fifth of the weights) in each kind, the layers in `fmt`: bytes per token, decode tokens
     per second, and perplexity on the same text (when `quality`). What the default head of `fmt` is chosen from."""
@@ -105,8 +106,9 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
               llama_python: str | None = None, n_new: int = 128, compiled: tuple[str, ...] = ("int4",)) -> dict:
     """One run: every format of the course and llama.cpp, at each thread count, on the same IDs and file; the
     formats in `compiled` again with their decode step compiled (static_step.StaticStep): decode only, since the
-    prompt and the perplexity go through the same ordinary pass as the format's own row."""
-    from .compiled import compiled_decode, first_difference
+    prompt and the perplexity go through the same ordinary pass as the format's own row; and for those, where the
+    compiled step's milliseconds go (`profile`: measure.compiled.step_parts)."""
+    from .compiled import compiled_decode, first_difference, step_parts
     from ..formats import convert
     from ..loading import gguf_path
     from ..model import Model
@@ -114,7 +116,7 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
     reference = Model.from_transformers(model, dtype=torch.float32)
     built = {name: reference if name == "float32" else convert(reference, name) for name in formats}
     before = torch.get_num_threads()
-    rows, heads = [], []
+    rows, heads, profile = [], [], []
     try:
         for t in threads:
             torch.set_num_threads(t)
@@ -127,13 +129,14 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
                                  "decode_tokens_per_s": fast["tokens_per_s"], "compile_s": fast["compile_s"],
                                  "first_difference_from_eager": first_difference(fast["tokens"], eager),
                                  **{k: rows[-1][k] for k in ("prefill_tokens_per_s", "perplexity")}})
+                    profile.append({"path": f"course {name} compiled", **step_parts(fmt, inputs["prompt"], inputs["n_new"])})
             llama = llama_side(gguf_path(), t, inputs, llama_python)
             rows.append({"path": "llama.cpp", "threads": t, **{k: v for k, v in llama.items() if k != "greedy_tokens"}})
             if "int4" in built:
                 heads += [{"threads": t, **h} for h in head_options(reference, tokenizer, inputs, quality=t == threads[0])]
     finally:
         torch.set_num_threads(before)
-    return {"head": heads, "inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
+    return {"head": heads, "profile": profile, "inputs": {"prompt_tokens": len(inputs["prompt"]), "new_tokens": n_new, "prefill_tokens": len(inputs["long"]),
                        "perplexity_tokens": len(inputs["text"]), "text": "data/long (Pride and Prejudice), first tokens"},
             "gguf": gguf_path().name, "rows": rows}
 
@@ -161,7 +164,25 @@ def describe(record: dict) -> list[str]:
                      f"{fill['prefill_tokens_per_s'] / llama['prefill_tokens_per_s']:.1f}x")
     for h in record.get("head", []):
         quality = f", perplexity {h['perplexity']:.3f}" if "perplexity" in h else ""
-        lines.append(f"  {h['format']} layers, {h['head']:<5} head, {h['threads']} thread(s): {h['weight_bytes'] / 1e6:5.1f} MB "
+        lines.append(f"  {h['format']} layers, {h['head']:<12} head, {h['threads']} thread(s): {h['weight_bytes'] / 1e6:5.1f} MB "
                      f"per token, decode {h['decode_tokens_per_s']:5.1f} tok/s{quality}")
+    lines += profile_lines(record)
     lines.append(f"  llama.cpp build: {record.get('llama_cpp_build') or 'as pip builds it'}; CPU: {record.get('processor', '?')}")
+    return lines
+
+
+def profile_lines(record: dict) -> list[str]:
+    """The record's `profile` as lines: per thread count, the compiled step's milliseconds split into its parts,
+    the weights' read floor, and llama.cpp's milliseconds per token (its median gap, and its own timer)."""
+    lines = []
+    for p in record.get("profile", []):
+        llama = next((r for r in record["rows"] if r["path"] == "llama.cpp" and r["threads"] == p["threads"]), None)
+        ms = p["ms"]
+        parts = " + ".join(f"{part.replace('_', ' ')} {ms[part]:.2f}" for part in PARTS)
+        lines.append(f"  {p['threads']} thread(s), {p['path']} step {ms['step']:.2f} ms = {parts}; the weights' read "
+                     f"floor {p['read_floor_ms']:.2f} ms ({p['bytes']['weights'] / 1e6:.1f} MB at "
+                     f"{p['read_bytes_per_s'] / 1e9:.1f} GB/s)")
+        if llama is not None:
+            own = f" (its own timer: {llama['eval_ms_per_token']:.2f})" if "eval_ms_per_token" in llama else ""
+            lines.append(f"      llama.cpp {1000 / llama['decode_tokens_per_s']:.2f} ms a token{own}")
     return lines

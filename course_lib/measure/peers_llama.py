@@ -39,9 +39,11 @@ def last_logits(llm):
 
 def llama_decode(llm, prompt_ids, n_new: int) -> dict:
     """Greedy decode: the prompt evaluated, then n_new tokens one by one (argmax of the last logits, evaluated
-    back). Tokens per second from the median gap between tokens, as the course measures its own."""
+    back). Tokens per second from the median gap between tokens, as the course measures its own; and the
+    milliseconds per token llama.cpp's own timer gives its decode calls (the mean, without the Python around them)."""
     llm.reset()
     llm.eval(list(prompt_ids))
+    own_timer(llm, reset=True)
     tokens, gaps = [], []
     for _ in range(n_new):
         start = time.perf_counter()
@@ -49,7 +51,21 @@ def llama_decode(llm, prompt_ids, n_new: int) -> dict:
         llm.eval([token])
         gaps.append(time.perf_counter() - start)
         tokens.append(token)
-    return {"tokens": tokens, "tokens_per_s": 1 / statistics.median(gaps[1:])}
+    return {"tokens": tokens, "tokens_per_s": 1 / statistics.median(gaps[1:]), "eval_ms_per_token": own_timer(llm)}
+
+
+def own_timer(llm, reset: bool = False):
+    """llama.cpp's own timer of its one-token decode calls since the last reset: milliseconds per call (None for a
+    stand-in without a llama.cpp context, or before any call). reset=True starts it again."""
+    ctx = getattr(getattr(llm, "_ctx", None), "ctx", None)
+    if ctx is None:
+        return None
+    import llama_cpp
+    if reset:
+        llama_cpp.llama_perf_context_reset(ctx)
+        return None
+    perf = llama_cpp.llama_perf_context(ctx)
+    return perf.t_eval_ms / perf.n_eval if perf.n_eval else None
 
 
 def llama_prefill(llm, prompt_ids, repeats: int = 2) -> float:
@@ -82,7 +98,7 @@ def llama_path(gguf_path, threads: int, prompt_ids, long_ids, text_ids, n_new: i
     llama_decode(llm, prompt_ids, 4)  # warm-up
     decode = llama_decode(llm, prompt_ids, n_new)
     out = {"decode_tokens_per_s": decode["tokens_per_s"], "prefill_tokens_per_s": llama_prefill(llm, long_ids),
-           "greedy_tokens": decode["tokens"]}
+           "greedy_tokens": decode["tokens"], "eval_ms_per_token": decode["eval_ms_per_token"]}
     del llm
     every = open_llama(gguf_path, threads, n_ctx=len(text_ids) + 8, logits_all=True)
     out["perplexity"] = llama_perplexity(every, text_ids)

@@ -352,8 +352,10 @@ print(f"same tokens as the race: {static_tokens == result['token_ids'][:n_static
 # %% [markdown]
 # Static shapes are what let the next tool in: `torch.compile` traces the step once and generates C++ loops that
 # fuse the small operators between the matrix products (norms, rotary, the residual adds, `silu` times `up`),
-# section 9's "everything else". Compiling takes tens of seconds on a CPU and needs a C++ compiler, so this
-# lesson does not wait for it unless you ask (below). The committed benchmark compiled the step for float32
+# section 9's "everything else". The course also asks it for a C++ caller (`cpp_wrapper`): the generated code
+# that calls those loops and the library's matrix kernels, a few hundred calls a step, is C++ instead of Python.
+# Compiling takes up to a minute on a CPU the first time (torch keeps the result on disk, so a repeat takes
+# seconds) and needs a C++ compiler, so this lesson does not wait for it unless you ask (below). The committed benchmark compiled the step for float32
 # and for lesson 12's int4 format on the course's machine:
 
 # %%
@@ -378,7 +380,7 @@ else:
     print("no committed run holds engine.compiled yet: python -m course_lib bench --only engine")
 
 # %%
-COMPILE = False  # True: compile the step here (tens of seconds; needs a C++ compiler)
+COMPILE = False  # True: compile the step here (up to a minute; needs a C++ compiler)
 if COMPILE and compile_available()[0]:
     fast = StaticStep(ours, capacity, compile=True)
     compiled_tokens, compiled_s = timed_static_run(fast, story, n_static)
@@ -390,7 +392,9 @@ else:
 # %% [markdown]
 # Read the committed lines (or yours). The compiled step saves time between the matrix products, not in them:
 # the products are the same library kernels, called from the generated code, and the operator counts show how
-# much less there is to call. Where the products are short (int4) that saving is a larger share of the step,
+# much less there is to call (they count what the profiler records: the library kernels the generated C++
+# calls, not the fused loops around them). The int4 format's output head (lesson 12) is one the compiler
+# cannot take, so it runs just after the compiled step, eagerly. Where the products are short (int4) that saving is a larger share of the step,
 # but a gap of a few percent between the two speed-ups is within what a busy machine moves between runs: read
 # them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
 # In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4

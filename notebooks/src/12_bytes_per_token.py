@@ -62,7 +62,8 @@ for name, m in models.items():
 
 # %% [markdown]
 # `int4-float32` reads more than `int4`: it keeps the head in float32 so that its numbers are exactly the
-# course model's (section 5). `int4` stores the head in 8 bits, as the file itself does.
+# course model's (section 5). `int4` stores the head in 8 bits, as the file itself does (`int8-dynamic`: section 7
+# says why it also rounds the head's input).
 #
 # ## 2. The 4-bit weights are the file's own blocks
 #
@@ -105,7 +106,8 @@ print("layer 0's down, requantized, first block's q:", q[0, :32].tolist())
 # activations differs). `int4` keeps the file's 4-bit codes too, with two more roundings on top: torch's kernel
 # wants each block's scale and minimum in the activations' dtype, so they are re-stored in bfloat16 (8
 # significant bits against float16's 11), and its head is re-quantized from the file's Q8_0 blocks to int8 with
-# one scale per row. And float32 is not a higher-precision original: no such copy of SmolLM2 is installed
+# one scale per row; the head's input is rounded to 8 bits too, row by row, at every call (dynamic quantization:
+# the weights' int8 then meet it in integer arithmetic). And float32 is not a higher-precision original: no such copy of SmolLM2 is installed
 # here. That changes how quality has to be measured (section 5).
 #
 # ## 3. A trap first: int8 that is slower than float32
@@ -211,25 +213,29 @@ for n in ["float32", "int8", "int4"]:
 
 # %% [markdown]
 # Where does int4's small distance come from? It changes three things at once: activations in bfloat16, the
-# 4-bit layers' scales rounded to bfloat16, and an int8 head. Swapping one part at a time splits it (the same
-# positions; each line differs from the one above it in one part):
+# 4-bit layers' scales rounded to bfloat16, and an int8 head whose input is rounded to 8 bits. Swapping one part
+# at a time splits it (the same positions; each line differs from the one above it in one part):
 
 # %%
 import copy
 
 bf16_head = copy.copy(models["int4"])  # the int4 model's layers, the bfloat16 model's head: no new weights
 bf16_head.lm_head = models["bfloat16"].lm_head
+int8_head = copy.copy(models["int4"])  # ... and the int8 format's head: int8 weights, the input left in bfloat16
+int8_head.lm_head = models["int8"].lm_head
 parts = {"bfloat16 (activations and weights)": models["bfloat16"], "int4 layers, bfloat16 head": bf16_head,
-         "int4 layers, int8 head (the int4 format)": models["int4"]}
+         "int4 layers, int8 head": int8_head,
+         f"int4 layers, {formats.FORMATS['int4'][2]} head (the int4 format)": models["int4"]}
 for label, m in parts.items():
     qd = agreement(ours, m, sequences, [len(p) - 1 for p in prompts])
-    print(f"{label:<42} KL {qd['kl']:.5f} nats   top-1 agreement {qd['top1_agreement']:.3f}")
+    print(f"{label:<50} KL {qd['kl']:.5f} nats   top-1 agreement {qd['top1_agreement']:.3f}")
 
 # %% [markdown]
 # Read these lines with the table above it. `int4-float32` there (the same 4-bit layers, with float32
 # activations and a float32 head) should sit at zero: the layers' blocks are the file's. So what separates the
-# int4 format from the file is the bfloat16 arithmetic (the middle line, beside plain bfloat16's first) and the
-# int8 head (the step from the middle line to the last).
+# int4 format from the file is the bfloat16 arithmetic (the second line, beside plain bfloat16's first), the
+# int8 head (the third), and rounding the head's input (the last; on a machine without oneDNN's integer product
+# the int4 format keeps the int8 head, and the last two lines are the same model).
 
 # %% [markdown]
 # **What breaks first?** The file already rounded the layers to 4 bits; we can round further and watch the
@@ -358,9 +364,10 @@ from course_lib.measure import peers_llama
 from course_lib.measure.peers import bare_decode, describe
 
 records = sorted(Path("../data/benchmarks").glob("peers-cpu-*.json"))
-if records:
+record = json.loads(records[-1].read_text()) if records else None
+if record:
     print(f"committed run {records[-1].name}:")
-    print("\n".join(describe(json.loads(records[-1].read_text()))))
+    print("\n".join(describe(record)))
 else:
     print("no committed record: run scripts/peers_cpu.py (it needs llama-cpp-python in some environment)")
 yours = bare_decode(models["int4"], prompt, 32)
@@ -376,8 +383,7 @@ else:
 # %% [markdown]
 # Read the committed lines as one race: same file, same token IDs, same machine, same sitting. The
 # comparison lines divide the course's fastest path by llama.cpp's at each thread count. Decode is one row
-# at a time: the weights' bytes, then lesson 11's "everything else" (calls from Python among them; llama.cpp's
-# own overhead was not measured here). The `course int4 compiled` rows are the same int4 model with its decode
+# at a time: the weights' bytes, then lesson 11's "everything else". The `course int4 compiled` rows are the same int4 model with its decode
 # step at static shapes and compiled (lesson 11, section 10): the compile time is in the record, its prompt and
 # perplexity are the int4 row's (the same ordinary pass), and its tokens can part from the int4 row's at a
 # near-tie (the record's `first_difference_from_eager`). Prefill is many rows: arithmetic, and there the course's
@@ -387,9 +393,30 @@ else:
 # activations. The lines before the build say why the int4 format keeps an int8 output head: the head is a
 # fifth of the weights, and the same int4 layers were timed with the head in bfloat16, int8 and 4 bits;
 # compare what the 4-bit head gains in tokens per second with what it costs in perplexity (section 5's head
-# column). Two cautions the record itself carries: llama.cpp was built
-# without its AMX kernel (the default build crashed in it on that machine), and one sitting on a 2-core
-# machine is one sample: a gap of a few percent can reverse in the next.
+# column), and the int8 head whose input is rounded too (`int8-dynamic`, the int4 format's head where oneDNN's
+# integer product runs) with what it gains and costs against the weight-only int8 head. Two cautions the record
+# itself carries: llama.cpp was built without its AMX kernel (the default build crashed in it on that machine),
+# and one sitting on a 2-core machine is one sample: a gap of a few percent can reverse in the next.
+#
+# The `profile` lines split the compiled step's milliseconds, in the same sitting: the layers' matrix products
+# and the head, each timed alone in the step's order (the weights' read), attention over the cache, the loop's
+# own work (the argmax, the token made a tensor), and the rest, which is the step minus those: the generated
+# kernels between the products and entering the compiled code. The floor is the weights' bytes at the
+# streaming rate this machine measured: what a step that did nothing but read would take. llama.cpp's line
+# gives its median gap and what its own timer says its decode calls took (the difference is the Python
+# binding and the argmax around them). The figure draws them:
+
+# %%
+if record and record.get("profile"):
+    plots_perf.plot_step_parts(record)
+    plt.show()
+else:
+    print("the committed record has no profile: run scripts/peers_cpu.py again")
+
+# %% [markdown]
+# Compare each bar with its floor. Both engines read the same 4-bit blocks; what separates the two bars is the
+# distance each keeps above the floor, and where in the course's bar that distance sits: in the products
+# (a kernel reading its blocks below the streaming rate), or in the rest (work between the products).
 #
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
@@ -419,7 +446,8 @@ else:
 #   printed in section 5 name them for this run).
 # - Against llama.cpp on the same file (section 7), the committed record gives the ratio of the course's
 #   fastest decode and prefill to llama.cpp's at 1 and 2 threads, with perplexity beside them: a ratio from one
-#   sitting on one machine, with how llama.cpp was built.
+#   sitting on one machine, with how llama.cpp was built. Its profile splits the compiled step's milliseconds
+#   (the weights' read, attention, the loop, the rest) and sets them beside llama.cpp's and the read floor.
 #
 # ---
 # ## Exercises

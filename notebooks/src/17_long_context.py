@@ -37,7 +37,7 @@ from course_lib.model import Model, layer_qkv
 torch.set_num_threads(1)  # one thread, set explicitly: the timings below compare within this run
 model, tokenizer = course_lib.load_model()
 ours = Model.from_transformers(model)  # lesson 11's model, float32
-int4 = convert(ours, "int4")  # lesson 12's fastest format: 4-bit layers, int8 head, bfloat16 activations
+int4 = convert(ours, "int4")  # lesson 12's fastest format: 4-bit layers, an 8-bit head, bfloat16 activations
 text = long_text_ids(tokenizer)
 print(f"{LONG_TEXT.name}: {len(text):,} tokens, {len(text) / ours.config.max_position_embeddings:.1f} times the "
       f"model's window of {ours.config.max_position_embeddings:,} | threads: {torch.get_num_threads()}")
