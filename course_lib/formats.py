@@ -5,20 +5,20 @@ What it does: quantizes weight matrices (int8 with one scale per output channel;
 linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8 weights cast back to
 float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`),
 `Int8DynamicLinear` (int8 weights times activations rounded to 8 bits per row, oneDNN's integer product: the
-int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)` returns the model in one
-of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the server run it as
-any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
+int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)`
+returns the model in one of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the
+server run it as any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
 measure/quality.py for agreement and perplexity.)
 Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
 with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
 the file), so the 4-bit formats lose nothing but rounding.
 What it does not do: calibrate, quantize activations (except the int4 format's head, per row at each call) or
-the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU
-(torch's is a CPU kernel; CUDA gets float32, bfloat16 and int8-cast).
+the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU (both are CPU kernels; CUDA gets float32,
+bfloat16 and int8-cast).
 Note: the fused kernels are torch's private operators (`torch._weight_int8pack_mm`,
-`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`, `torch.ops.onednn.qlinear_*`): they may change between
-releases, which the pinned torch (2.13.0) guards against; tests/test_formats.py checks each against its
-dequantized weights.
+`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`, `torch.ops.onednn.qlinear_*`):
+they may change between releases, which the pinned torch (2.13.0) guards against; tests/test_formats.py checks
+each against its dequantized weights.
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ class Int8Linear(CastInt8Linear):
         return torch._weight_int8pack_mm(flat, self.q, self.scale).reshape(*x.shape[:-1], self.q.shape[0])
 
 
-class Int8DynamicLinear(CastInt8Linear):
+class Int8DynamicLinear:
     """int8 weights (one scale per output channel) times 8-bit activations: each row of x is rounded to 256
     levels between its own minimum and maximum at every call (dynamic quantization: uint8 q = x / s + z), and
     oneDNN's integer product (`torch.ops.onednn.qlinear_pointwise`, the kernel torch's compiler uses for int8
@@ -132,14 +132,17 @@ class Int8DynamicLinear(CastInt8Linear):
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         if weight.device.type != "cpu":
             raise ValueError("the int8 x int8 kernel used here (oneDNN's qlinear) runs on the CPU only")
-        super().__init__(weight)
-        self.dtype = dtype
-        self.packed = torch.ops.onednn.qlinear_prepack(self.q, [1, self.q.shape[1]])  # oneDNN's own weight layout
-        self.zeros = torch.zeros(self.q.shape[0], dtype=torch.long)
-        self.row_sums = self.q.float().sum(dim=1) * self.scale  # (N,): each output's weights summed, dequantized
+        q, self.scale = quantize_int8(weight)  # (N, K) int8, (N,) float32
+        self.dtype, (self.out_features, self._in_features) = dtype, q.shape
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, q.shape[1]])  # oneDNN's own copy, in its own layout
+        self.zeros = torch.zeros(q.shape[0], dtype=torch.long)
+        self.row_sums = q.float().sum(dim=1) * self.scale  # (N,): each output's weights summed, dequantized
         self.one, self.none = torch.tensor(1.0), torch.tensor(0)
+        # note: q itself is not kept (the packed copy is what the kernel reads): 28 MB less for SmolLM2's head
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self._in_features:  # note: oneDNN's own message for this names none of the shapes
+            raise ValueError(f"this layer takes vectors of {self._in_features}, got shape {tuple(x.shape)}")
         flat = x.reshape(-1, x.shape[-1]).float()  # (R, K)
         low, high = flat.amin(dim=1, keepdim=True).clamp(max=0), flat.amax(dim=1, keepdim=True).clamp(min=0)
         scale = ((high - low) / 255).clamp(min=1e-12)  # (R, 1): one per row
@@ -148,11 +151,16 @@ class Int8DynamicLinear(CastInt8Linear):
         out = torch.ops.onednn.qlinear_pointwise.tensor(q, self.one, self.none, self.packed, self.scale, self.zeros,
                                                         None, 1.0, 0, torch.float32, "none", [], "")  # (R, N)
         out = scale * (out - zero * self.row_sums)
-        return out.to(self.dtype).reshape(*x.shape[:-1], self.q.shape[0])
+        return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + (self.scale.numel() + self.row_sums.numel()) * 4  # int8 weights, two float32 per row
+        """The int8 weights, and two float32 numbers per row (its scale and its sum)."""
+        return self.out_features * self._in_features + (self.scale.numel() + self.row_sums.numel()) * 4
+
+    @property
+    def in_features(self) -> int:
+        return self._in_features
 
 
 class Int4Linear:

@@ -93,7 +93,8 @@ class StaticStep:
         return logits[0, -1]
 
     def _decode(self, token: torch.Tensor, position: torch.Tensor, keys: list, values: list) -> torch.Tensor:
-        """token (1, 1), position (1,) -> logits (1, 1, V). The model's own blocks, with a cache that writes at the
+        """token (1, 1), position (1,) -> logits (1, 1, V) (or the last block's output (1, 1, hidden) when the head
+        runs apart, after the compiled step). The model's own blocks, with a cache that writes at the
         position tensor and hands attention every column, and a mask over the columns written so far: no shape
         depends on the position."""
         model = self.model

@@ -49,7 +49,8 @@ def test_each_kernel_multiplies_like_its_dequantized_weights(kind, dtype, tol):
     assert ((got - want).norm() / want.norm()) < tol
 
 
-@pytest.mark.skipif(not formats.int8_dynamic_available(), reason="this torch build has no oneDNN int8 x int8 product")
+@pytest.mark.skipif(not formats.int8_dynamic_available(),
+                    reason="this torch build has no oneDNN int8 x int8 product")
 def test_the_int8_dynamic_head_is_the_exact_algebra_of_its_rounded_rows():
     torch.manual_seed(0)
     w = torch.randn(300, 64) * 0.05
@@ -73,6 +74,9 @@ def test_the_int8_dynamic_head_is_the_exact_algebra_of_its_rounded_rows():
     # and it is a rounding of the float product, not something else
     exact = x.reshape(6, 64) @ w.T
     assert float((got.reshape(6, 300) - exact).norm() / exact.norm()) < 0.02
+    assert layer.nbytes == 300 * 64 + 300 * 8 and layer.in_features == 64
+    with pytest.raises(ValueError, match="vectors of 64"):
+        layer(torch.randn(2, 63))
 
 
 def test_int4_with_float32_activations_equals_the_float32_model(ours, converted, tokenizer):

@@ -80,7 +80,8 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     capacity = len(prompt) + n + 1
     can, why = compile_available()
     result = {"what": f"one row's decode step at static shapes (a {capacity}-column cache read whole, with a mask; "
-                      f"the position as a tensor), torch.compile(dynamic=False, freezing, cpp_wrapper) on {ours.device.type}; "
+                      "the position as a tensor), torch.compile(dynamic=False, freezing, cpp_wrapper) on "
+                      f"{ours.device.type}; "
                       "compile_s is the first call's (torch keeps compiled code in an on-disk cache, so a repeat "
                       "on the same machine compiles faster)",
               "compiled": compile and can, "why_not": "" if compile and can else (why or "not asked (--quick)"),
@@ -118,9 +119,9 @@ def step_parts(model, prompt_ids: list[int], n_new: int = 64) -> dict:
     layer's attention alone over the step's cache with its mask; `loop`, the loop's own work (the argmax of the
     logits, the token and position made tensors); `rest`, the step minus those four (the generated kernels:
     norms, rotary, residual adds, silu, cache writes; entering the compiled code). The head is timed right after
-    the layers' products, as a step reads it. Also the bytes
-    the weights' read takes, the machine's streaming read (memory.read_bandwidth) and so `read_floor_ms`, the
-    time those bytes take at that rate: no engine's step on this file can be shorter than its read."""
+    the layers' products, as a step reads it. Also the bytes each part reads, the machine's streaming read
+    (memory.read_bandwidth) and so `read_floor_ms`, the time the weights' bytes take at that rate: no engine's
+    step on this file can be shorter than its read."""
     import math
 
     import torch.nn.functional as F
@@ -131,7 +132,8 @@ def step_parts(model, prompt_ids: list[int], n_new: int = 64) -> dict:
     step = fresh_compiled_step(model, capacity)
     _, seconds = timed_static_run(step, prompt_ids, n_new)
     layer_linears = model.linears()[:-1]
-    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device) for k in {m.in_features for m in layer_linears}}
+    rows = {k: torch.randn(1, 1, k, dtype=model.dtype, device=model.device)
+            for k in {m.in_features for m in layer_linears}}
     x = torch.randn(1, 1, model.lm_head.in_features, dtype=model.dtype, device=model.device)
     products_s, _ = best_of(lambda: [m(rows[m.in_features]) for m in layer_linears], repeats=5, device=model.device)
     # note: the head is timed after the layers' products, as the step reads it (alone and repeated, its 28 MB

@@ -66,8 +66,8 @@ def course_path(model, tokenizer, inputs: dict) -> dict:
             "prefill_tokens_per_s": course_prefill(model, inputs["long"]), "perplexity": perplexity(model, inputs["text"])}
 
 
-def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4", heads=("float", "int8", "int8-dynamic", "int4"),
-                 quality: bool = True) -> list[dict]:
+def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4",
+                 heads=("float", "int8", "int8-dynamic", "int4"), quality: bool = True) -> list[dict]:
     """The output head (a fifth of the weights) in each kind, the layers in `fmt`: bytes per token, decode tokens
     per second, and perplexity on the same text (when `quality`). What the default head of `fmt` is chosen from."""
     from ..formats import convert
