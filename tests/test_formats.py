@@ -79,6 +79,14 @@ def test_the_int8_dynamic_head_is_the_exact_algebra_of_its_rounded_rows():
         layer(torch.randn(2, 63))
 
 
+def test_the_int8_x_int8_probe_says_no_where_the_kernel_fails(monkeypatch):
+    def missing(*args, **kwargs):
+        raise RuntimeError("no oneDNN int8 product in this build")
+    monkeypatch.setattr(torch.ops.onednn, "qlinear_prepack", missing)
+    assert formats.int8_dynamic_available() is False  # then formats.INT4_HEAD is the weight-only "int8"
+    assert formats.FORMATS["int4"][2] == formats.INT4_HEAD
+
+
 def test_int4_with_float32_activations_equals_the_float32_model(ours, converted, tokenizer):
     ids = chat_ids(tokenizer, QUESTIONS[0], system="You are a helpful assistant.")
     a = ours(input_ids=torch.tensor([ids])).logits
