@@ -108,6 +108,17 @@ SYNTHETIC = {"rows": [{"path": "llama.cpp", "threads": 1, "decode_tokens_per_s":
                                  "rest": 1.6}}]}
 
 
+def test_sitting_lines_give_each_sitting_its_ratio_per_thread_count():
+    row = lambda path, t, dec: {"path": path, "threads": t, "decode_tokens_per_s": dec}  # noqa: E731
+    lines = peers.sitting_lines({"a.json": {"rows": [row("course int4", 1, 60.0), row("course int4 compiled", 1, 80.0),
+                                                     row("llama.cpp", 1, 100.0), row("course int4", 2, 90.0),
+                                                     row("llama.cpp", 2, 60.0)]},
+                                 "b.json": {"rows": [row("course int4", 1, 70.0)]}})  # no llama.cpp row: nothing
+    assert lines[0] == ("  a.json: 1 thread(s) course int4 compiled  80.0 against 100.0 (0.80x); "
+                        "2 thread(s) course int4  90.0 against  60.0 (1.50x)")
+    assert lines[1] == "  b.json: "
+
+
 def test_profile_lines_put_the_step_beside_llama_cpp():
     lines = peers.profile_lines(SYNTHETIC)
     assert lines[0].startswith("  1 thread(s), course int4 compiled step 11.00 ms = layer products 6.00 + head 2.50")

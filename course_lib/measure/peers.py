@@ -186,3 +186,22 @@ def profile_lines(record: dict) -> list[str]:
             own = f" (its own timer: {llama['eval_ms_per_token']:.2f})" if "eval_ms_per_token" in llama else ""
             lines.append(f"      llama.cpp {1000 / llama['decode_tokens_per_s']:.2f} ms a token{own}")
     return lines
+
+
+def sitting_lines(records: dict[str, dict]) -> list[str]:
+    """One line per committed sitting (name -> record, oldest first): the course's fastest decode against
+    llama.cpp's at each thread count, so that how much each side moves between sittings can be read."""
+    lines = []
+    for name, record in records.items():
+        cells = []
+        for t in sorted({row["threads"] for row in record["rows"]}):
+            rows = [row for row in record["rows"] if row["threads"] == t]
+            llama = next((row for row in rows if row["path"] == "llama.cpp"), None)
+            ours = [row for row in rows if row["path"] != "llama.cpp"]
+            if llama is None or not ours:
+                continue
+            best = max(ours, key=lambda row: row["decode_tokens_per_s"])
+            cells.append(f"{t} thread(s) {best['path']} {best['decode_tokens_per_s']:5.1f} against "
+                         f"{llama['decode_tokens_per_s']:5.1f} ({best['decode_tokens_per_s'] / llama['decode_tokens_per_s']:.2f}x)")
+        lines.append(f"  {name}: " + "; ".join(cells))
+    return lines

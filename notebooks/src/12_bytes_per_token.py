@@ -361,13 +361,15 @@ plt.show()
 import json
 from pathlib import Path
 from course_lib.measure import peers_llama
-from course_lib.measure.peers import bare_decode, describe
+from course_lib.measure.peers import bare_decode, describe, sitting_lines
 
 records = sorted(Path("../data/benchmarks").glob("peers-cpu-*.json"))
 record = json.loads(records[-1].read_text()) if records else None
 if record:
     print(f"committed run {records[-1].name}:")
     print("\n".join(describe(record)))
+    print("every committed sitting, decode tokens per second, the course's fastest against llama.cpp:")
+    print("\n".join(sitting_lines({r.name: json.loads(r.read_text()) for r in records})))
 else:
     print("no committed record: run scripts/peers_cpu.py (it needs llama-cpp-python in some environment)")
 yours = bare_decode(models["int4"], prompt, 32)
@@ -396,7 +398,8 @@ else:
 # column), and the int8 head whose input is rounded too (`int8-dynamic`, the int4 format's head where oneDNN's
 # integer product runs) with what it gains and costs against the weight-only int8 head. Two cautions the record
 # itself carries: llama.cpp was built without its AMX kernel (the default build crashed in it on that machine),
-# and one sitting on a 2-core machine is one sample: a gap of a few percent can reverse in the next.
+# and one sitting on a 2-core machine is one sample. The last lines above list every committed sitting: read how
+# far each side's figure moved from one to the next before you read a ratio as a verdict.
 #
 # The `profile` lines split the compiled step's milliseconds, in the same sitting: the layers' matrix products
 # and the head, each timed alone in the step's order (the weights' read), attention over the cache, the loop's
