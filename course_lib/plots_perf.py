@@ -353,12 +353,13 @@ def plot_step_parts(record: dict, ax=None, title: str = "Where a decode step's m
     a dashed tick at the weights' read floor (their bytes at the measured streaming rate; neither side can go under
     it). A part measured below zero (the rest, when the parts timed alone add up past the step) is drawn as zero."""
     from .measure.compiled import PARTS
+    from .measure.peers import by_threads
     bars, floors = {}, []
     for p in record.get("profile", []):
         t = p["threads"]
         bars[f"{p['path']}, {t} thread(s)"] = {part.replace("_", " "): max(0.0, p["ms"][part]) for part in PARTS}
         floors.append(p["read_floor_ms"])
-        llama = next((r for r in record["rows"] if r["path"] == "llama.cpp" and r["threads"] == t), None)
+        llama = next((llama for threads, llama, _ in by_threads(record) if threads == t), None)
         if llama is not None:
             gap = 1000 / llama["decode_tokens_per_s"]
             own = llama.get("eval_ms_per_token")

@@ -82,9 +82,9 @@ class StaticStep:
         synchronize(self.model.device)
         start = time.perf_counter()
         with torch.no_grad():
-            logits = self._step(token_t, position, self.cache.keys, self.cache.values)
-            if self.head_apart:  # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
-                logits = head(self.model, logits)
+            out = self._step(token_t, position, self.cache.keys, self.cache.values)
+            # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
+            logits = head(self.model, out) if self.head_apart else out
         if self.compiled and self.compile_seconds == 0.0:
             synchronize(self.model.device)
             self.compile_seconds = time.perf_counter() - start

@@ -152,10 +152,9 @@ def describe(record: dict) -> list[str]:
         whole = f" (whole loop {row['generate_tokens_per_s']:5.1f})" if "generate_tokens_per_s" in row else " " * 19
         lines.append(f"  {row['path']:<20} {row['threads']} thread(s): decode {row['decode_tokens_per_s']:6.1f} tok/s{whole}, "
                      f"prefill {row['prefill_tokens_per_s']:7.1f} tok/s, perplexity {row['perplexity']:.3f}")
-    for t in sorted({row["threads"] for row in record["rows"]}):
-        rows = [row for row in record["rows"] if row["threads"] == t]
-        llama = next(row for row in rows if row["path"] == "llama.cpp")
-        ours = [row for row in rows if row["path"] != "llama.cpp"]
+    for t, llama, ours in by_threads(record):
+        if not ours:
+            continue
         best = max(ours, key=lambda row: row["decode_tokens_per_s"])
         fill = max(ours, key=lambda row: row["prefill_tokens_per_s"])
         lines.append(f"  {t} thread(s): fastest decode {best['path']} at "
@@ -171,12 +170,25 @@ def describe(record: dict) -> list[str]:
     return lines
 
 
+def by_threads(record: dict) -> list[tuple[int, dict, list[dict]]]:
+    """(threads, llama.cpp's row, the course's rows, possibly none) for each thread count with a llama.cpp row."""
+    out = []
+    for t in sorted({row["threads"] for row in record["rows"]}):
+        rows = [row for row in record["rows"] if row["threads"] == t]
+        llama = next((row for row in rows if row["path"] == "llama.cpp"), None)
+        ours = [row for row in rows if row["path"] != "llama.cpp"]
+        if llama is not None:
+            out.append((t, llama, ours))
+    return out
+
+
 def profile_lines(record: dict) -> list[str]:
     """The record's `profile` as lines: per thread count, the compiled step's milliseconds split into its parts,
     the weights' read floor, and llama.cpp's milliseconds per token (its median gap, and its own timer)."""
     lines = []
+    llamas = {t: llama for t, llama, _ in by_threads(record)}
     for p in record.get("profile", []):
-        llama = next((r for r in record["rows"] if r["path"] == "llama.cpp" and r["threads"] == p["threads"]), None)
+        llama = llamas.get(p["threads"])
         ms = p["ms"]
         parts = " + ".join(f"{part.replace('_', ' ')} {ms[part]:.2f}" for part in PARTS)
         lines.append(f"  {p['threads']} thread(s), {p['path']} step {ms['step']:.2f} ms = {parts}; the weights' read "
@@ -194,11 +206,8 @@ def sitting_lines(records: dict[str, dict]) -> list[str]:
     lines = []
     for name, record in records.items():
         cells = []
-        for t in sorted({row["threads"] for row in record["rows"]}):
-            rows = [row for row in record["rows"] if row["threads"] == t]
-            llama = next((row for row in rows if row["path"] == "llama.cpp"), None)
-            ours = [row for row in rows if row["path"] != "llama.cpp"]
-            if llama is None or not ours:
+        for t, llama, ours in by_threads(record):
+            if not ours:
                 continue
             best = max(ours, key=lambda row: row["decode_tokens_per_s"])
             cells.append(f"{t} thread(s) {best['path']} {best['decode_tokens_per_s']:5.1f} against "
