@@ -20,8 +20,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, help="bench: torch CPU threads (default: torch's own choice, recorded)")
     args = parser.parse_args(argv)
     if args.command == "setup":
-        from .loading import (CacheNotWritableError, ChecksumError, ModelNotFoundError, cache_is_built,
-                              ensure_ready, weights_cache_dir)
+        from .loading import (CacheNotWritableError, ChecksumError, ModelNotFoundError, cache_is_built, ensure_ready,
+                              weights_cache_dir)
         if cache_is_built():
             print(f"setup: model cache already built in {weights_cache_dir()}")
             return 0

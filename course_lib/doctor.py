@@ -71,8 +71,8 @@ def check_cache() -> Check:
 
 
 def check_generation() -> Check:
-    from .context import context_ids
-    from .generation import generate
+    from .text.context import context_ids
+    from .engine.generation import generate
     from .loading import load_model
     start = time.perf_counter()
     import transformers  # noqa: F401 - timed apart from the load itself
@@ -89,7 +89,7 @@ def check_generation() -> Check:
 
 
 def check_tiktoken() -> Check:
-    from .tokenization import cl100k
+    from .text.tokenization import cl100k
     n = len(cl100k().encode("What is the capital of France?"))
     return Check("tiktoken offline", True, f"cl100k_base ready ({n} tokens for the question)")
 

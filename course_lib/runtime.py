@@ -145,6 +145,15 @@ def cpu_bfloat16() -> str:
     return "unknown"
 
 
+def median(values) -> float:
+    """The course's one median: the middle value, the mean of the two middle ones for an even count.
+    Example: [3, 1, 2] -> 2; [1, 2, 3, 4] -> 2.5"""
+    values = sorted(values)
+    if not values:
+        raise ValueError("median of no values")
+    return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+
+
 @dataclass
 class Timing:
     """Seconds measured for one piece of work; `seconds` holds every repeat, `best` the fastest."""
@@ -161,9 +170,8 @@ class Timing:
 
     @property
     def median(self) -> float:
-        """The middle repeat (the mean of the two middle ones for an even count): one slow repeat does not move it."""
-        s = sorted(self.seconds)
-        return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
+        """The middle repeat: one slow repeat does not move it (runtime.median)."""
+        return median(self.seconds)
 
 
 def time_it(fn: Callable[[], object], device: torch.device | str = "cpu", *, label: str = "",

@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from course_lib.serving import free_port
+from course_lib.serve.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

@@ -1,6 +1,6 @@
 import torch
 
-from course_lib.generation import generate
+from course_lib.engine.generation import generate
 
 model = tokenizer = None  # set by the notebook (or the tests)
 

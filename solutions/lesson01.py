@@ -1,6 +1,6 @@
 from collections import Counter
 
-from course_lib.tokenization import cl100k, cost
+from course_lib.text.tokenization import cl100k, cost
 
 model = tokenizer = None
 

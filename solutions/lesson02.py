@@ -1,4 +1,4 @@
-from course_lib.context import context_ids
+from course_lib.text.context import context_ids
 
 model = tokenizer = None
 

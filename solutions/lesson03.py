@@ -1,6 +1,6 @@
 import torch
 
-from course_lib.anatomy import logit_lens
+from course_lib.inside.anatomy import logit_lens
 
 model = tokenizer = None
 
@@ -28,7 +28,7 @@ def project(hidden):
 
 def pass_prediction(ids, n=64):
     """From section 7's two timings: a straight line between the 1-token pass and the many-token pass."""
-    from course_lib.forward import forward_logits
+    from course_lib.runner.forward import forward_logits
     from course_lib.runtime import time_it
     many = list(ids) * 8
     one_s = time_it(lambda: forward_logits(model, list(ids[:1])), model.device, repeats=3).best

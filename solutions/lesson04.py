@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from course_lib.attention import attention_weights
+from course_lib.runner.attention import attention_weights
 
 model = tokenizer = None  # lesson 04 loads the model with attn_implementation="eager"
 
@@ -39,7 +39,7 @@ def most_important_head(effects):
 
 
 def layer_effect(layer):
-    from course_lib import probes
+    from course_lib.inside import probes
     ids = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
     good, bad = probes.token_id(tokenizer, " Paris"), probes.token_id(tokenizer, " Berlin")
     reference = [probes.answer_ids(tokenizer, f"What is the capital of {c}?", f"The capital of {c} is")

@@ -1,6 +1,6 @@
 import torch
 
-from course_lib.sampling import logits_to_probs, sample
+from course_lib.engine.sampling import logits_to_probs, sample
 
 model = tokenizer = None
 
@@ -21,5 +21,5 @@ def draws(logits, n=5000, seed=0):
 
 def nucleus_prediction(logits, temperature=1.5, top_p=0.9):
     """Counted rather than guessed: what a learner who tries a few temperatures with reshape() would write."""
-    from course_lib.sampling import SamplingConfig, reshape
+    from course_lib.engine.sampling import SamplingConfig, reshape
     return reshape(logits, SamplingConfig(temperature=temperature, top_p=top_p)).kept

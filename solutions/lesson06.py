@@ -30,7 +30,7 @@ def ttft_share(result):
 
 def arrival_prediction(prompt_ids, n=80):
     """TTFT + (n - 1) median gaps, from a shorter run of the same prompt."""
-    from course_lib.generation import generate
+    from course_lib.engine.generation import generate
     run = generate(model, tokenizer, list(prompt_ids), max_new_tokens=30, stop_ids=())
     gaps = sorted(run.inter_token_seconds)
     return run.time_to_first_token + (n - 1) * gaps[len(gaps) // 2]

@@ -17,7 +17,7 @@ def ratio(prompt, n_new=48):
 
 def long_step_prediction(context=3000):
     """A straight line through the step's cost at two shorter contexts, extended to `context`."""
-    from course_lib.measure.bench import decode_seconds
+    from course_lib.measure.prefill_decode import decode_seconds
     short, longer = 200, 1200
     a, b = decode_seconds(model, tokenizer, [short, longer])
     return 1000 * (a + (b - a) * (context - short) / (longer - short))

@@ -1,4 +1,4 @@
-from course_lib.measure.bench import decode_seconds, prefill_seconds
+from course_lib.measure.prefill_decode import decode_seconds, prefill_seconds
 
 model = tokenizer = None
 

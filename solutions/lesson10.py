@@ -22,7 +22,7 @@ def ttft(start, arrival_times):
 def load_prediction(clients=4):
     """Between the measured one and eight clients, in proportion to the clients (measured here on a fresh server)."""
     from course_lib.exercises.lesson10 import mean_ttft
-    from course_lib.serving import free_port, start_server
+    from course_lib.serve.serving import free_port, start_server
     server = start_server(model, tokenizer, port=free_port())
     try:
         mean_ttft(server.url, 1)

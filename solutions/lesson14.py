@@ -21,8 +21,8 @@ def tokens_per_verify(a, k):
 
 def verify_prediction(prompt_ids, k=4):
     """Halfway between prompt lookup's tokens per verify at k = 2 and k = 6 on the same prompt."""
-    from course_lib.generation import generate
-    from course_lib.speculative import PromptLookup
+    from course_lib.engine.generation import generate
+    from course_lib.engine.speculative import PromptLookup
     runs = [generate(model, tokenizer, list(prompt_ids), 40, stop_ids=(), draft=PromptLookup(3), k=j).speculative
             for j in (2, 6)]
     return (runs[0].tokens_per_verify + runs[1].tokens_per_verify) / 2

@@ -1,5 +1,5 @@
 """Solutions for 15_structured_output."""
-from course_lib.structured import token_texts
+from course_lib.engine.structured import token_texts
 
 model = tokenizer = None
 
@@ -23,6 +23,6 @@ def city_schema():
 
 def inside_string_prediction():
     """Inside a string nearly every token is allowed: those without a quote or a control character, roughly."""
-    from course_lib.structured import token_texts
+    from course_lib.engine.structured import token_texts
     texts = token_texts(tokenizer)
     return sum(1 for t in texts if '"' not in t and "\\" not in t and all(ord(c) >= 32 for c in t))

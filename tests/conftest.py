@@ -45,7 +45,7 @@ def tokenizer(smol):
 
 def chat_ids(tokenizer, question, system="You are a helpful assistant."):
     """The tests' default: the question with the course's short system prompt (context.chat_ids)."""
-    from course_lib.context import chat_ids as build
+    from course_lib.text.context import chat_ids as build
     return build(tokenizer, question, system)
 
 

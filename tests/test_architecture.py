@@ -94,16 +94,86 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
 
 def test_no_import_cycle_function_local_imports_included(sources):
     edges = graph(sources)
-    assert edges["course_lib.forward"] == set()  # the runner call sits at the bottom
+    assert edges["course_lib.runner.forward"] == set()  # the runner call sits at the bottom
     assert find_cycle(edges) is None, f"import cycle: {' -> '.join(find_cycle(edges))}"
 
 
-@pytest.mark.parametrize("module", ["forward", "request", "sampling", "kv_cache", "paged", "layout", "model", "formats"])
-def test_runner_caches_and_pickers_never_reach_the_loop(sources, module):
-    """ENGINE.md's layers: a runner, a cache or a picker knows no loop (not even through another module)."""
+@pytest.mark.parametrize("module", ["runner.forward", "engine.request", "engine.sampling", "runner.kv_cache",
+                                    "runner.paged", "runner.layout", "runner.model", "runner.formats",
+                                    "engine.stages", "engine.schedulers", "engine.paged_scheduler"])
+def test_runner_caches_pickers_and_schedulers_never_reach_the_loop(sources, module):
+    """ENGINE.md's layers: a runner, a cache, a picker or a scheduler knows no loop (not even through another
+    module): generation.step sits above what it drives."""
     below = reachable(graph(sources), f"course_lib.{module}")
-    assert not below & {"course_lib.generation", "course_lib.batching", "course_lib.speculative",
-                        "course_lib.serving"}, below
+    assert not below & {"course_lib.engine.generation", "course_lib.engine.speculative", "course_lib.serve.serving",
+                        "course_lib.serve.engine_thread"}, below
+
+
+# The floors of the house, lowest first: a module imports only from its own floor or the ones below it (function-local
+# imports included). The top-level modules are named one by one; a wing is every module under its folder.
+FLOORS = [
+    ("runtime",),
+    ("loading",),
+    ("text",),
+    ("runner",),
+    ("inside",),
+    ("engine",),
+    ("serve",),
+    ("views",),
+    ("measure",),
+    ("exercises",),
+    ("doctor", "__main__", ""),  # "" is course_lib/__init__.py
+]
+
+
+def floor_of(module: str) -> int:
+    """The floor of a course_lib module: its wing's, or its own for a top-level module."""
+    parts = module.split(".")[1:]
+    name = parts[0] if parts else ""
+    for i, floor in enumerate(FLOORS):
+        if name in floor:
+            return i
+    raise KeyError(f"{module} is on no floor: add its wing or name to FLOORS")
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    """'a -> b' for every import that runs up a floor."""
+    return sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets if floor_of(b) > floor_of(a))
+
+
+def test_the_floor_check_finds_a_planted_upward_import():
+    fake = {"course_lib": ("", True), "course_lib.runner": ("", True), "course_lib.engine": ("", True),
+            "course_lib.views": ("", True), "course_lib.measure": ("", True),
+            "course_lib.runner.model": ("def f():\n    from ..engine import generation\n", False),
+            "course_lib.engine.generation": ("from ..runner import model\n", False),
+            "course_lib.views.plots": ("from ..measure import peers\n", False),
+            "course_lib.measure.peers": ("from ..views import plots\n", False)}
+    assert upward_imports(graph(fake)) == ["course_lib.runner.model -> course_lib.engine",
+                                           "course_lib.runner.model -> course_lib.engine.generation",
+                                           "course_lib.views.plots -> course_lib.measure",
+                                           "course_lib.views.plots -> course_lib.measure.peers"]
+
+
+def test_no_import_runs_up_a_floor(sources):
+    """The runner never imports the engine, views never import measure, nothing imports a floor above its own."""
+    edges = graph(sources)
+    assert all(floor_of(m) is not None for m in edges)  # every module sits on a floor
+    assert not upward_imports(edges), upward_imports(edges)
+
+
+def test_every_module_is_one_stage_of_a_few_hundred_lines():
+    """A module over 300 lines is split, or listed here with why it is one stage all the same."""
+    long = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    over = {name: n for name, n in long.items() if n > 300 and name not in LONG_MODULES}
+    assert not over, over
+    assert all(long.get(name, 0) > 300 for name in LONG_MODULES), "stale entries in LONG_MODULES"
+
+
+LONG_MODULES = {  # module -> why it stays whole
+    "views/plots_perf.py": "lessons 08-13's performance figures: one small function per figure, none over 60 lines",
+    "views/plots.py": "the shared drawing helpers and Part I's figures: one small function per figure",
+    "runner/model.py": "SmolLM2 written out, read beside lesson 11 as one file: layer parts, the model, loading",
+}
 
 
 def model_calls_with_a_cache(source: str) -> list[str]:
@@ -133,18 +203,19 @@ def test_the_call_finder_sees_a_bypass():
 def test_one_place_calls_a_model_with_a_cache(sources):
     calls = {name: model_calls_with_a_cache(src) for name, (src, _) in sources.items()}
     calls = {name: found for name, found in calls.items() if found}
-    assert list(calls) == ["course_lib.forward"] and len(calls["course_lib.forward"]) == 1, calls
-    assert calls["course_lib.forward"][0].startswith("run_model:")
+    assert list(calls) == ["course_lib.runner.forward"] and len(calls["course_lib.runner.forward"]) == 1, calls
+    assert calls["course_lib.runner.forward"][0].startswith("run_model:")
 
 
 def test_both_runners_and_every_cache_meet_the_declared_contracts(tiny):
-    from course_lib.forward import Runner
-    from course_lib.kv_cache import Cache, KVCache, new_cache
-    from course_lib.model import Model
-    from course_lib.paged import PagedKVCache, Sequence
+    from course_lib.runner.forward import Runner
+    from course_lib.runner.kv_cache import Cache, KVCache, new_cache
+    from course_lib.runner.model import Model
+    from course_lib.runner.paged import BlockPool
+    from course_lib.runner.blocks import Sequence
     ours = Model.from_transformers(tiny)
     assert isinstance(tiny, Runner) and isinstance(ours, Runner)
-    pool = PagedKVCache.for_model(ours, 4)
+    pool = BlockPool.for_model(ours, 4)
     caches = [new_cache(ours, 1, 8), pool.view([Sequence([1, 2])])]
     assert all(isinstance(c, Cache) for c in caches) and isinstance(caches[0], KVCache)
     assert not isinstance(new_cache(tiny, 1, 8), Cache)  # transformers' own: kv_cache.length_of / rollback translate
@@ -220,23 +291,20 @@ def device_numpy_calls(source: str) -> list[int]:
 # Timings that need no synchronize(), each with its reason. A new timing must synchronize the device around the
 # timed work (runtime.synchronize, runtime.time_it, measure.timers.best_of) or be added here with a reason.
 UNSYNCHRONIZED_TIMINGS = {
-    "course_lib/generation.py::__init__": "a scheduler's clock start",
-    "course_lib/generation.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
-    "course_lib/batching.py::__init__": "a scheduler's clock start",
-    "course_lib/batching.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
+    "course_lib/engine/schedulers.py::__init__": "a scheduler's clock start",
+    "course_lib/engine/schedulers.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
     "course_lib/doctor.py::check_generation": "generate() returns tokens read on the CPU",
-    "course_lib/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
-    "course_lib/widgets.py::update": "a widget redraw on the CPU",
-    "course_lib/attention.py::score_times": "CPU tensors made in the function",
+    "course_lib/engine/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
+    "course_lib/views/widgets.py::update": "a widget redraw on the CPU",
+    "course_lib/runner/attention.py::score_times": "CPU tensors made in the function",
     "course_lib/loading.py::time_cached_load": "loading ends with the weights in place (a blocking copy)",
     "course_lib/loading.py::load_model": "loading ends with the weights in place (a blocking copy)",
-    "course_lib/structured.py::masked": "the mask is computed on the CPU",
+    "course_lib/engine/structured.py::masked": "the mask is computed on the CPU",
     "course_lib/measure/trace.py::run_trace": "the scheduler reads every token on the CPU",
     "course_lib/measure/speed.py::throughput_latency": "generation reads every token on the CPU",
-    "course_lib/measure/bench.py::detokenize_ms_per_token": "the detokenizer runs on the CPU",
-    "course_lib/measure/bench.py::_widgets_section": "widget redraws on the CPU",
-    "course_lib/measure/bench_part2.py::speculative_section": "generation reads every token on the CPU",
-    "course_lib/measure/peers.py::bare_decode": "int(argmax) each step reads the last step's result (a sync)",
+    "course_lib/measure/loop.py::detokenize_ms_per_token": "the detokenizer runs on the CPU",
+    "course_lib/measure/loop.py::_widgets_section": "widget redraws on the CPU",
+    "course_lib/measure/speculative.py::speculative_section": "generation reads every token on the CPU",
     "course_lib/measure/memory.py::read_bandwidth": "float(sum) reads the result (a sync)",
     "course_lib/measure/memory.py::kernel_bandwidth": "the weight formats' kernels are CPU kernels",
     "course_lib/measure/peers_llama.py::llama_decode": "llama.cpp on the CPU",
@@ -247,7 +315,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "notebooks/src/10_serving.py::<module>": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::one_client": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::load_test": "a client's wall clock over HTTP",
-    "notebooks/src/13_paged_memory.py::<module>": "batch.step() picks tokens on the CPU (a sync)",
+    "notebooks/src/13_paged_memory.py::<module>": "step(batch) picks tokens on the CPU (a sync)",
 }
 SYNCS = ("synchronize", "time_it", "best_of")
 

@@ -7,14 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib import batching
-from course_lib.attention_kernels import (Partial, attention_traffic, decode_plan, gather_decode, merge, online_softmax, paged_decode,
-                                          paged_decode_by_hand, partial_attention, score_matrix_bytes, tiled_attention,
-                                          written_out_attention)
-from course_lib.context import chat_ids, handbook_ids, HANDBOOK_QUESTIONS
+from course_lib.engine.request import Job
+from course_lib.engine.generation import run_paged
+from course_lib.runner.attention_kernels import (Partial, attention_traffic, decode_plan, gather_decode, merge,
+                                                 online_softmax, paged_decode, paged_decode_by_hand,
+                                                 partial_attention, score_matrix_bytes, tiled_attention,
+                                                 written_out_attention)
+from course_lib.text.context import chat_ids, handbook_ids, HANDBOOK_QUESTIONS
 from course_lib.measure.attention import peak_bytes, scattered_rows
-from course_lib.model import Model, layer_qkv
-from course_lib.paged import PagedKVCache, Sequence
+from course_lib.runner.model import Model, layer_qkv
+from course_lib.runner.paged import BlockPool
+from course_lib.runner.blocks import Sequence
 
 
 @pytest.fixture(scope="module")
@@ -192,11 +195,11 @@ def test_bad_plans_are_refused():
 
 def test_the_pool_refuses_an_unknown_attention(ours):
     with pytest.raises(ValueError, match="decode attention is one of"):
-        PagedKVCache.for_model(ours, 4, attention="flash")
+        BlockPool.for_model(ours, 4, attention="flash")
 
 
 def test_decode_reads_in_place_and_prefill_through_the_gather(ours):
-    pool = PagedKVCache.for_model(ours, 4)
+    pool = BlockPool.for_model(ours, 4)
     seq = Sequence([1, 2, 3])
     pool.grow(seq, 4)
     view = pool.view([seq])
@@ -214,8 +217,8 @@ def test_paged_and_gathered_decode_give_the_same_runs(ours, tokenizer):
     prompts = [chat_ids(tokenizer, q) for q in ("Why is the sky blue?", "Name three colours.", "What is 12 times 7?")]
     tokens = {}
     for attention in ("paged", "gather"):
-        jobs = [batching.Job(f"r{i}", p, 12, stop) for i, p in enumerate(prompts)]
-        batching.run_paged(ours, jobs, PagedKVCache.for_model(ours, 32, attention=attention), arrivals=[0, 1, 4])
+        jobs = [Job(f"r{i}", p, 12, stop) for i, p in enumerate(prompts)]
+        run_paged(ours, jobs, BlockPool.for_model(ours, 32, attention=attention), arrivals=[0, 1, 4])
         tokens[attention] = [j.tokens for j in jobs]
     assert tokens["paged"] == tokens["gather"]
 

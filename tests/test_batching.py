@@ -1,7 +1,8 @@
 import pytest
 
-from course_lib.batching import ContinuousBatch, Job, generate_static, left_pad, padding_waste, run_schedule
-from course_lib.generation import generate
+from course_lib.engine.schedulers import PaddedScheduler, left_pad, padding_waste
+from course_lib.engine.request import Job
+from course_lib.engine.generation import generate, generate_static, run_schedule, step
 
 from conftest import chat_ids
 
@@ -53,15 +54,15 @@ def test_continuous_admits_as_soon_as_a_slot_frees(tiny, prompts):
 
 def test_cancelled_job_leaves_the_batch(tiny, tokenizer, prompts):
     model = tiny
-    batch = ContinuousBatch(model)
+    batch = PaddedScheduler(model)
     a, b = Job("a", prompts[0], 50), Job("b", prompts[1], 5)
     batch.add([a, b])
-    batch.step()
+    step(batch)
     a.cancelled = True
-    batch.step()
+    step(batch)
     assert [j.name for j in batch.jobs] == ["b"] and a.finish_reason == "cancelled"
     while batch.jobs:
-        batch.step()
+        step(batch)
     assert b.tokens == generate(model, tokenizer, prompts[1], 5, stop_ids=()).token_ids
 
 
@@ -79,7 +80,7 @@ def test_padded_batches_on_the_real_model(model, tokenizer, prompts):
     on these prompts), and the same greedy tokens."""
     import torch
 
-    from course_lib.forward import run_model
+    from course_lib.runner.forward import run_model
     chosen = prompts[:3]
     batch = left_pad(chosen, tokenizer.pad_token_id)
     assert batch.padding > 0

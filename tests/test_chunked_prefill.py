@@ -3,11 +3,14 @@ of one whole prefill (within 1e-4 in float32) on either cache and the same greed
 stalls the running requests; admission keeps headroom; what can never fit is refused before any token."""
 import pytest
 
-from course_lib import batching
-from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
-from course_lib.generation import end_of_turn_ids, generate, prefill
-from course_lib.model import Model
-from course_lib.paged import PagedKVCache, Sequence
+from course_lib.engine.paged_scheduler import REJECTED, PagedScheduler
+from course_lib.engine.request import end_of_turn_ids, Job
+from course_lib.engine.generation import generate, run_paged, step
+from course_lib.text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from course_lib.engine.stages import prefill
+from course_lib.runner.model import Model
+from course_lib.runner.paged import BlockPool
+from course_lib.runner.blocks import Sequence
 
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Why is the sky blue?",
              "Write a haiku about rain."]
@@ -36,7 +39,7 @@ def chunked(model, ids, size, cache):
 
 
 def paged_cache(model, ids):
-    pool = PagedKVCache.for_model(model, 16)
+    pool = BlockPool.for_model(model, 16)
     seq = Sequence(list(ids))
     pool.grow(seq, len(ids))
     return pool.view([seq])
@@ -62,9 +65,9 @@ def test_chunked_prefill_on_the_library_cache(tiny, tokenizer):
 def test_a_budget_keeps_every_requests_tokens(small, tokenizer, stop, budget):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS] + [handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])]
     alone = [generate(small, tokenizer, p, 24, stop_ids=stop).token_ids for p in prompts]
-    jobs = [batching.Job(f"r{i}", p, 24, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(small, 160)
-    batch = batching.run_paged(small, jobs, pool, arrivals=[0, 0, 2, 3, 1], token_budget=budget)
+    jobs = [Job(f"r{i}", p, 24, stop) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(small, 160)
+    batch = run_paged(small, jobs, pool, arrivals=[0, 0, 2, 3, 1], token_budget=budget)
     assert [j.tokens for j in jobs] == alone
     assert batch.prefill_chunks >= len(prompts[-1]) // budget  # the handbook was read in chunks
     assert pool.manager.num_used == 0
@@ -74,15 +77,15 @@ def test_a_budget_keeps_every_requests_tokens(small, tokenizer, stop, budget):
 def test_running_requests_get_a_token_every_step_while_a_long_prompt_is_read(small, tokenizer, stop):
     short, long = chat_ids(tokenizer, QUESTIONS[0]), handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
     for budget, expect_stall in ((64, False), (None, True)):
-        a, b = batching.Job("short", short, 40), batching.Job("long", long, 4)
-        batch = batching.PagedBatch(small, PagedKVCache.for_model(small, 160), token_budget=budget)
+        a, b = Job("short", short, 40), Job("long", long, 4)
+        batch = PagedScheduler(small, BlockPool.for_model(small, 160), token_budget=budget)
         batch.add([a])
-        batch.step()
+        step(batch)
         batch.add([b])
         counts, calls = [], []
         while not b.tokens:
             before = batch.prefill_chunks
-            batch.step()
+            step(batch)
             counts.append(len(a.tokens))
             calls.append(batch.prefill_chunks - before)
         assert all(y == x + 1 for x, y in zip([1] + counts, counts))  # one token per step, whatever the budget
@@ -93,28 +96,28 @@ def test_running_requests_get_a_token_every_step_while_a_long_prompt_is_read(sma
 
 
 def test_budget_and_watermark_arguments_are_checked(small):
-    pool = PagedKVCache.for_model(small, 10)
+    pool = BlockPool.for_model(small, 10)
     for kwargs, message in (({"token_budget": 8}, "above max_batch"), ({"token_budget": 2.5}, "token_budget"),
                             ({"watermark": 10}, "watermark"), ({"watermark": -1}, "watermark")):
         with pytest.raises(ValueError, match=message):
-            batching.PagedBatch(small, pool, **kwargs)
+            PagedScheduler(small, pool, **kwargs)
 
 
 def test_what_could_never_fit_is_refused_before_any_token(small, tokenizer, stop):
-    pool = PagedKVCache.for_model(small, 6)  # 96 token slots
+    pool = BlockPool.for_model(small, 6)  # 96 token slots
     prompt = chat_ids(tokenizer, QUESTIONS[0])
-    big = batching.Job("big", prompt, 96, stop)  # its prompt fits, but not with everything it may write
-    ok = batching.Job("ok", prompt, 8, stop)
-    batch = batching.run_paged(small, [big, ok], pool)
-    assert big.finish_reason == batching.REJECTED and big.tokens == [] and batch.rejected == 1
+    big = Job("big", prompt, 96, stop)  # its prompt fits, but not with everything it may write
+    ok = Job("ok", prompt, 8, stop)
+    batch = run_paged(small, [big, ok], pool)
+    assert big.finish_reason == REJECTED and big.tokens == [] and batch.rejected == 1
     assert ok.finish_reason in ("end_of_turn", "max_new_tokens") and ok.tokens
 
 
 def test_admission_keeps_the_watermark_free(small, tokenizer, stop):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    pool = PagedKVCache.for_model(small, 14)
-    batch = batching.PagedBatch(small, pool, watermark=3)
-    batch.add([batching.Job(f"r{i}", p, 8, stop) for i, p in enumerate(prompts)])
+    pool = BlockPool.for_model(small, 14)
+    batch = PagedScheduler(small, pool, watermark=3)
+    batch.add([Job(f"r{i}", p, 8, stop) for i, p in enumerate(prompts)])
     batch._admit()
     assert len(batch.running) >= 1
     assert len(batch.running) == 1 or pool.manager.num_free >= 3
@@ -122,7 +125,7 @@ def test_admission_keeps_the_watermark_free(small, tokenizer, stop):
 
 def test_the_paged_view_rolls_back(ours, tokenizer):
     ids = chat_ids(tokenizer, "What is the capital of France?")
-    pool = PagedKVCache.for_model(ours, 8)
+    pool = BlockPool.for_model(ours, 8)
     seq = Sequence(list(ids) + [42] * 20)
     pool.grow(seq, len(seq.tokens))
     view = pool.view([seq])

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from course_lib.context import (ContextOverflowError, budget_report, context_ids, fit_to_budget, render, segments,
-                                validate_messages)
+from course_lib.text.context import (ContextOverflowError, budget_report, context_ids, fit_to_budget, render,
+                                     segments, validate_messages)
 
 CONV = json.loads((Path(__file__).resolve().parents[1] / "data" / "conversation.json").read_text())["messages"]
 SHORT = [{"role": "system", "content": "You are a helpful assistant."},
@@ -126,7 +126,7 @@ def test_ordinary_messages_keep_the_templates_own_ids(tokenizer):
 
 
 def test_admits_not_knowing_is_a_phrase_search():
-    from course_lib.context import admits_not_knowing
+    from course_lib.text.context import admits_not_knowing
     assert admits_not_knowing("I'm sorry, I don't know your dog's name.")
     assert admits_not_knowing("You haven\u2019t told me its name.")  # a typographic apostrophe too
     assert not admits_not_knowing("Your dog's name is Bella.")

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.context import story_ids
+from course_lib.text.context import story_ids
 from course_lib.exercises import (lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06, lesson07,
                                   lesson08, lesson09, lesson10, lesson11)
-from course_lib.forward import forward_logits
-from course_lib.generation import generate
+from course_lib.runner.forward import forward_logits
+from course_lib.engine.generation import generate
 
 from conftest import chat_ids
 
@@ -73,7 +73,7 @@ def test_lesson02(model, tokenizer):
     assert lesson02.check_overhead(s.overhead(), tokenizer)
     assert lesson02.check_keep_recent(s.keep_recent, tokenizer)
     assert lesson02.check_rescue(s.rescue, model, tokenizer)
-    from course_lib.context import context_ids
+    from course_lib.text.context import context_ids
     assert not lesson02.check_count_context(lambda m: len(context_ids(tokenizer, m, add_generation_prompt=False)),
                                             tokenizer)
     assert not lesson02.check_overhead(s.overhead() + 2, tokenizer) and not lesson02.check_overhead(None, tokenizer)
@@ -134,7 +134,7 @@ def test_lesson04(eager, tokenizer):
 
 
 def test_lesson04_probes(model, tokenizer):
-    from course_lib import probes
+    from course_lib.inside import probes
     s = solution(4, model, tokenizer)
     clean = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
     corrupt = probes.answer_ids(tokenizer, "What is the capital of Germany?", "The capital of Germany is")
@@ -244,7 +244,7 @@ def test_lesson10(model, tokenizer):
 
 
 def test_lesson11(model, tokenizer):
-    from course_lib.model import Model
+    from course_lib.runner.model import Model
     ours = Model.from_transformers(model)
     s = solution(11, model, tokenizer)
     assert lesson11.check_rms_norm(s.rms_norm, ours)
@@ -374,10 +374,10 @@ def test_predict_then_measure(model, tokenizer, capital_logits, capsys):
     lesson's numbers passes, the naive guess each exercise is built to expose fails (on this CPU each is off by at
     least twice the measured value), and no prediction at all asks for one without measuring."""
     from course_lib.exercises import check_prediction
-    from course_lib.measure.bench import decode_seconds
+    from course_lib.measure.prefill_decode import decode_seconds
     from course_lib.measure.speed import throughput_latency
     from course_lib.runtime import time_it
-    from course_lib.sampling import SamplingConfig, reshape
+    from course_lib.engine.sampling import SamplingConfig, reshape
 
     ids = chat_ids(tokenizer, "What is the capital of France?")
     s3 = solution(3, model, tokenizer)
@@ -420,12 +420,12 @@ def test_predict_then_measure(model, tokenizer, capital_logits, capsys):
 def test_predict_then_measure_in_the_other_lessons(model, tokenizer):
     """Lessons 00, 01, 02, 10, 14, 15, 16 and 17: a prediction reasoned from the lesson's own numbers passes, and the
     guess each exercise is built to expose fails."""
-    from course_lib import formats
-    from course_lib.context import edit_ids
+    from course_lib.runner import formats
+    from course_lib.text.context import edit_ids
     from course_lib.exercises import lesson14, lesson15, lesson16, lesson17
     from course_lib.measure.long_context import step_curve
-    from course_lib.model import Model
-    from course_lib.structured import RECEIPT_SCHEMA
+    from course_lib.runner.model import Model
+    from course_lib.engine.structured import RECEIPT_SCHEMA
 
     context = chat_ids(tokenizer, "What is the capital of France?")
     s0 = solution(0, model, tokenizer)

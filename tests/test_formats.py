@@ -4,13 +4,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_lib import formats
-from course_lib.context import chat_ids
+from course_lib.runner import formats
+from course_lib.text.context import chat_ids
 from course_lib.measure.race import generate_exact
 from course_lib.measure import quality
-from course_lib.generation import generate
-from course_lib.batching import generate_static
-from course_lib.model import Model
+from course_lib.engine.generation import generate, generate_static
+from course_lib.runner.model import Model
 
 QUESTIONS = ["What is the capital of France?", "What is the capital gains tax in France?",
              "The bank is closed because they had no money left."]
@@ -50,7 +49,7 @@ def test_each_kernel_multiplies_like_its_dequantized_weights(kind, dtype, tol):
 
 
 @pytest.mark.skipif(not formats.int8_dynamic_available(),
-                    reason="this torch build has no oneDNN int8 x int8 product")
+                    reason="oneDNN's int8 x int8 product is missing here or saturates (no VNNI)")
 def test_the_int8_dynamic_head_is_the_exact_algebra_of_its_rounded_rows():
     torch.manual_seed(0)
     w = torch.randn(300, 64) * 0.05

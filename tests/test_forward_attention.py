@@ -2,11 +2,11 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.attention import (apply_rotary, attention_by_hand, attention_weights, kv_groups, rotary_cos_sin,
-                                  score_times, top_attended)
-from course_lib.forward import forward_logits
-from course_lib.anatomy import (block_by_hand, capture_shapes, flops_per_token, layer_outputs,
-                               logit_lens, memory_by_dtype, parameter_map)
+from course_lib.runner.attention import (apply_rotary, attention_by_hand, attention_weights, kv_groups,
+                                         rotary_cos_sin, score_times, top_attended)
+from course_lib.runner.forward import forward_logits
+from course_lib.inside.anatomy import (block_by_hand, capture_shapes, flops_per_token, layer_outputs, logit_lens,
+                                       memory_by_dtype, parameter_map)
 
 TEXT = "What is the capital of France?"
 
@@ -60,7 +60,7 @@ def test_block_by_hand_matches_the_library(model, ids, layer):
 
 def test_block_without_rotary_does_not_match(model, ids, monkeypatch):
     """The equivalence test can fail: drop the rotary positions and the block no longer matches."""
-    import course_lib.attention as att
+    import course_lib.runner.attention as att
     hidden = layer_outputs(model, ids)
     monkeypatch.setattr(att, "apply_rotary", lambda x, cos, sin: x)
     assert not torch.allclose(block_by_hand(model.model.layers[3], hidden[3], model.config), hidden[4], atol=1e-3)

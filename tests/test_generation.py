@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from course_lib.forward import forward_logits, probabilities, top_candidates
-from course_lib.generation import decode_step, end_of_turn_ids, generate, prefill
+from course_lib.runner.forward import forward_logits, probabilities, top_candidates
+from course_lib.engine.stages import decode_step, prefill
+from course_lib.engine.request import end_of_turn_ids
+from course_lib.engine.generation import generate, stream
 
 from conftest import chat_ids
 
@@ -78,7 +80,7 @@ def test_top_candidates_are_sorted_probabilities(model, tokenizer):
     assert top[0].text == "The"  # the answer starts with a sentence, not with "Paris"
 
 
-from course_lib.generation import IncrementalDecoder, naive_pieces, stream
+from course_lib.engine.text_out import IncrementalDecoder, naive_pieces
 
 STREAM_TEXTS = ["Crème brûlée à Paris, 東京タワー 👨‍👩‍👧!", "🎉🎂🥳 happy birthday 🇫🇷🇯🇵", "naïve façade Ærø",
                 "안녕하세요 世界", "plain text", "", "👍" * 20, "mixed 1,234.56 € and ¥"]

@@ -16,17 +16,17 @@ def gpu():
 
 
 def test_bfloat16_generation_on_the_gpu(gpu):
-    from course_lib.context import chat_ids
-    from course_lib.generation import generate
+    from course_lib.text.context import chat_ids
+    from course_lib.engine.generation import generate
     model, tokenizer = gpu
     result = generate(model, tokenizer, chat_ids(tokenizer, QUESTION, system="You are a helpful assistant."), 24)
     assert "Paris" in result.text and result.stop_reason == "end_of_turn"
 
 
 def test_cached_against_uncached_within_bfloat16_tolerance(gpu):
-    from course_lib.context import story_ids
-    from course_lib.forward import forward_logits
-    from course_lib.generation import decode_step, prefill
+    from course_lib.text.context import story_ids
+    from course_lib.runner.forward import forward_logits
+    from course_lib.engine.stages import decode_step, prefill
     model, tokenizer = gpu
     ids = story_ids(tokenizer)
     logits, cache = prefill(model, ids[:-1])
@@ -37,9 +37,9 @@ def test_cached_against_uncached_within_bfloat16_tolerance(gpu):
 
 
 def test_our_model_and_its_cache_on_the_gpu(gpu):
-    from course_lib.context import chat_ids
-    from course_lib.generation import generate
-    from course_lib.model import Model
+    from course_lib.text.context import chat_ids
+    from course_lib.engine.generation import generate
+    from course_lib.runner.model import Model
     model, tokenizer = gpu
     ours = Model.from_transformers(model)
     ids = chat_ids(tokenizer, QUESTION, system="You are a helpful assistant.")
@@ -49,7 +49,7 @@ def test_our_model_and_its_cache_on_the_gpu(gpu):
 
 def test_the_server_answers_from_the_gpu(gpu):
     import openai
-    from course_lib.serving import free_port, start_server
+    from course_lib.serve.serving import free_port, start_server
     model, tokenizer = gpu
     handle = start_server(model, tokenizer, port=free_port(), max_tokens_cap=32)
     try:
@@ -62,16 +62,17 @@ def test_the_server_answers_from_the_gpu(gpu):
 
 
 def test_the_paged_cache_on_the_gpu(gpu):
-    from course_lib.batching import Job, run_paged
-    from course_lib.context import chat_ids
-    from course_lib.generation import generate
-    from course_lib.model import Model
-    from course_lib.paged import PagedKVCache
+    from course_lib.engine.request import Job
+    from course_lib.engine.generation import run_paged
+    from course_lib.text.context import chat_ids
+    from course_lib.engine.generation import generate
+    from course_lib.runner.model import Model
+    from course_lib.runner.paged import BlockPool
     model, tokenizer = gpu
     ours = Model.from_transformers(model)
     prompts = [chat_ids(tokenizer, q) for q in (QUESTION, "Name three colours.", "Why is the sky blue?")]
     jobs = [Job(f"r{i}", p, 24, frozenset({2})) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(ours, 64)
+    pool = BlockPool.for_model(ours, 64)
     assert pool.keys[0].device.type == "cuda"
     run_paged(ours, jobs, pool)
     for job, p in zip(jobs, prompts):  # bfloat16: a near-tie may flip between batched and alone; compare the start
@@ -83,7 +84,7 @@ def test_the_paged_cache_on_the_gpu(gpu):
 def test_lesson_16_kernels_on_the_gpu():
     """Tiled attention and the paged decode run on CUDA as on the CPU (the same torch code) and meet their references."""
     import torch.nn.functional as F
-    from course_lib.attention_kernels import decode_plan, gather_decode, paged_decode, tiled_attention
+    from course_lib.runner.attention_kernels import decode_plan, gather_decode, paged_decode, tiled_attention
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, h, 300, 64, device="cuda", generator=g) for h in (9, 3, 3))
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

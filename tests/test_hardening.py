@@ -2,12 +2,14 @@
 import pytest
 import torch
 
-from course_lib.context import budget_report, fit_to_budget
-from course_lib.generation import IncrementalDecoder, check_stop_strings, generate, stream
-from course_lib.html_views import token_chips
-from course_lib.sampling import (SamplingConfig, apply_temperature, greedy, make_sampler, min_p_filter,
-                                 repetition_penalty, top_k_filter, top_p_filter)
-from course_lib.tokenization import model_tokens, tokens_of
+from course_lib.text.context import budget_report, fit_to_budget
+from course_lib.engine.text_out import IncrementalDecoder
+from course_lib.engine.request import check_stop_strings
+from course_lib.engine.generation import generate, stream
+from course_lib.views.html_views import token_chips
+from course_lib.engine.sampling import (SamplingConfig, apply_temperature, greedy, make_sampler, min_p_filter,
+                                        repetition_penalty, top_k_filter, top_p_filter)
+from course_lib.text.tokenization import model_tokens, tokens_of
 
 from conftest import chat_ids
 
@@ -128,7 +130,7 @@ def test_budget_must_be_a_positive_int(tokenizer, budget):
 def test_hold_back_never_sends_a_stop_string_whatever_the_pieces():
     """Every way of cutting a text into pieces: the pieces sent join to the text before the first stop string."""
     import random
-    from course_lib.request import HoldBack, cut_at_stop
+    from course_lib.engine.text_out import HoldBack, cut_at_stop
     rng = random.Random(0)
     for text, stops in [("The capital of France is Paris.", ["of Fr", "is"]), ("aaab", ["ab"]), ("xyz", ["q"]),
                         ("stop at the end.", ["end."]), ("ab", ["abc"]), ("", ["a"]), ("a..b", [".", ".."])]:

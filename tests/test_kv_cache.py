@@ -2,10 +2,10 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.context import filler_ids, story_ids
-from course_lib.generation import decode_step, prefill
-from course_lib.kv_cache import (Request, cache_bytes, kv_bytes_per_token, model_kv_bytes_per_token,
-                                 positions_processed, simulate_budget)
+from course_lib.text.context import filler_ids, story_ids
+from course_lib.engine.stages import decode_step, prefill
+from course_lib.engine.budget import Request, simulate_budget
+from course_lib.runner.kv_cache import cache_bytes, kv_bytes_per_token, model_kv_bytes_per_token, positions_processed
 from course_lib.measure.speed import cached_run, uncached_run
 
 

@@ -5,7 +5,7 @@ import torch
 
 import course_lib
 from course_lib import loading
-from course_lib.generation import generate
+from course_lib.engine.generation import generate
 from course_lib.runtime import DeviceError
 
 from conftest import chat_ids

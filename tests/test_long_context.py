@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_lib.long_context import (KV_FORMATS, QuantizedKVCache, WindowCache, cache_bytes_per_token,
-                                     crossover_tokens, dequantize_rows, first_token_share, found, long_text_ids, needle_ids, quantize_rows,
-                                     stream_loss, NEEDLE, QUESTION)
-from course_lib.model import Model, layer_qkv
+from course_lib.engine.long_context import (KV_FORMATS, QuantizedKVCache, WindowCache, cache_bytes_per_token,
+                                            crossover_tokens, dequantize_rows, first_token_share, found,
+                                            long_text_ids, needle_ids, quantize_rows, stream_loss, NEEDLE, QUESTION)
+from course_lib.runner.model import Model, layer_qkv
 
 
 @pytest.fixture(scope="module")

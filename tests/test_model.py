@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from course_lib.batching import generate_static
-from course_lib.context import filler_ids, story_ids
-from course_lib.generation import decode_step, generate, prefill, stream
-from course_lib.kv_cache import KVCache, cache_bytes, model_kv_bytes_per_token
-from course_lib.model import Model, load, parameter_count
+from course_lib.engine.generation import generate, generate_static, stream
+from course_lib.text.context import filler_ids, story_ids
+from course_lib.engine.stages import decode_step, prefill
+from course_lib.runner.kv_cache import KVCache, cache_bytes, model_kv_bytes_per_token
+from course_lib.runner.model import Model, load, parameter_count
 
 from conftest import chat_ids
 
@@ -134,8 +134,8 @@ def test_batching_on_our_model_equals_each_alone(tokenizer, tiny):
 
 
 def test_a_matrix_is_the_same_matrix_by_rows_or_by_columns():
-    from course_lib.model import Linear
-    from course_lib.layout import arrange, layout_of
+    from course_lib.runner.model import Linear
+    from course_lib.runner.layout import arrange, layout_of
     w = torch.randn(96, 40)
     rows, columns = arrange(w, "rows"), arrange(w, "columns")
     assert torch.equal(rows, w) and torch.equal(columns, w)  # same (out, in) values
@@ -148,7 +148,7 @@ def test_a_matrix_is_the_same_matrix_by_rows_or_by_columns():
 
 
 def test_the_layout_follows_the_measured_gain(monkeypatch):
-    from course_lib import layout as m
+    from course_lib.runner import layout as m
     monkeypatch.setattr(m, "_layout_seen", {})
     gains = iter([2.0, 1.05])
     monkeypatch.setattr(m, "layout_gain", lambda w: next(gains))
@@ -159,7 +159,7 @@ def test_the_layout_follows_the_measured_gain(monkeypatch):
 
 
 def test_layout_gain_measures_both_layouts_of_a_real_shape():
-    from course_lib.layout import layout_gain
+    from course_lib.runner.layout import layout_gain
     gain = layout_gain(torch.randn(960, 576) * 0.02, megabytes=4)
     assert 0.2 < gain < 10  # a ratio of two timings of the same product, not a constant
 
@@ -181,8 +181,8 @@ def test_each_layout_matches_the_library(model, tokenizer, layout):
 
 
 def test_several_rows_go_to_the_measured_kernel(monkeypatch):
-    from course_lib import layout as m
-    from course_lib.model import Linear
+    from course_lib.runner import layout as m
+    from course_lib.runner.model import Linear
     if not m.onednn_available():
         pytest.skip("this torch build has no oneDNN linear kernel")
     w = torch.randn(96, 40)

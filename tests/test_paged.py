@@ -6,11 +6,14 @@ import random
 import pytest
 import torch
 
-from course_lib import batching, paged
-from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
-from course_lib.generation import end_of_turn_ids, generate
-from course_lib.model import Model
-from course_lib.paged import BlockManager, OutOfBlocks, PagedKVCache, Sequence
+from course_lib.runner import paged
+from course_lib.engine.paged_scheduler import REJECTED, PagedScheduler
+from course_lib.engine.request import end_of_turn_ids, Job
+from course_lib.engine.generation import generate, run_paged, step
+from course_lib.text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from course_lib.runner.model import Model
+from course_lib.runner.blocks import BlockManager, OutOfBlocks, Sequence
+from course_lib.runner.paged import BlockPool
 
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "Why is the sky blue?",
              "Write a haiku about rain."]
@@ -95,12 +98,12 @@ def test_unused_cached_blocks_go_least_recently_used_first():
 def test_random_traces_keep_the_invariants():
     rng = random.Random(0)
     m, held = BlockManager(8, block_size=1), []
-    for step in range(2000):
+    for i in range(2000):
         op = rng.random()
         if op < 0.4 and m.num_free:
             held.append(m.allocate())
             if rng.random() < 0.5:
-                m.register(held[-1], bytes([step % 256, step // 256]))
+                m.register(held[-1], bytes([i % 256, i // 256]))
         elif op < 0.6 and held:
             block = rng.choice(held)
             m.acquire(block)
@@ -114,7 +117,7 @@ def test_random_traces_keep_the_invariants():
 # ----- the pool -----
 
 def test_a_prefix_hit_reuses_full_blocks_only_and_always_computes_the_last_token(ours):
-    pool = PagedKVCache.for_model(ours, 8, block_size=4)
+    pool = BlockPool.for_model(ours, 8, block_size=4)
     first = Sequence(list(range(10)))
     assert pool.admit(first) == 0
     pool.grow(first, 10)
@@ -131,13 +134,13 @@ def test_a_prefix_hit_reuses_full_blocks_only_and_always_computes_the_last_token
 
 
 def test_bytes_per_block_follow_the_formula(ours):
-    pool = PagedKVCache.for_model(ours, 10)
+    pool = BlockPool.for_model(ours, 10)
     assert pool.block_bytes == 2 * 30 * 16 * 3 * 64 * 4  # keys and values, layers, tokens, KV heads, D, float32
     assert pool.nbytes() == 10 * pool.block_bytes
 
 
 def test_several_rows_decode_one_token_each(ours):
-    pool = PagedKVCache.for_model(ours, 8)
+    pool = BlockPool.for_model(ours, 8)
     seqs = [Sequence([1, 2, 3]), Sequence([4, 5])]
     for s in seqs:
         pool.admit(s)
@@ -154,9 +157,9 @@ def test_several_rows_decode_one_token_each(ours):
 def test_alone_paged_equals_contiguous_and_the_library(model, ours, tokenizer, stop, alone):
     for q in QUESTIONS[:2]:
         prompt = chat_ids(tokenizer, q)
-        job = batching.Job("a", prompt, 32, stop)
-        pool = PagedKVCache.for_model(ours, 16)
-        batching.run_paged(ours, [job], pool)
+        job = Job("a", prompt, 32, stop)
+        pool = BlockPool.for_model(ours, 16)
+        run_paged(ours, [job], pool)
         library = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
         assert job.tokens == alone(ours, prompt) == library[:len(job.tokens)]
         assert pool.manager.num_used == 0
@@ -165,9 +168,9 @@ def test_alone_paged_equals_contiguous_and_the_library(model, ours, tokenizer, s
 
 def test_a_paged_batch_gives_each_request_its_tokens_alone(small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(small, 64)
-    batch = batching.run_paged(small, jobs, pool, arrivals=[0, 0, 3, 5])
+    jobs = [Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(small, 64)
+    batch = run_paged(small, jobs, pool, arrivals=[0, 0, 3, 5])
     assert [j.tokens for j in jobs] == [alone(small, p) for p in prompts]
     assert batch.preempted == 0 and pool.hits > 0  # the course's system prompt is shared
     assert pool.manager.num_used == 0
@@ -176,16 +179,16 @@ def test_a_paged_batch_gives_each_request_its_tokens_alone(small, tokenizer, sto
 
 def test_prefix_hits_skip_the_shared_document_and_keep_the_tokens(small, tokenizer, stop, alone):
     prompts = [handbook_ids(tokenizer, q) for q in HANDBOOK_QUESTIONS[:2]]
-    pool = PagedKVCache.for_model(small, 200)
+    pool = BlockPool.for_model(small, 200)
     for p in prompts:
-        job = batching.Job("q", p, 32, stop)
-        batching.run_paged(small, [job], pool)
+        job = Job("q", p, 32, stop)
+        run_paged(small, [job], pool)
         assert job.tokens == alone(small, p)
     assert pool.hits >= 1_000  # the second question found the handbook's blocks
     shared = pool.manager.match(paged.prefix_hashes(prompts[0]))
     before = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
-    job = batching.Job("q", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[2]), 4, stop)
-    batching.run_paged(small, [job], pool)
+    job = Job("q", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[2]), 4, stop)
+    run_paged(small, [job], pool)
     after = torch.stack([pool.keys[0][b * 16:(b + 1) * 16] for b in shared])
     assert torch.equal(before, after)  # a shared block is read, never written
 
@@ -193,9 +196,9 @@ def test_prefix_hits_skip_the_shared_document_and_keep_the_tokens(small, tokeniz
 def test_preempted_requests_are_recomputed_and_answer_as_if_alone(ours, small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
     for m in (small, ours):  # the tiny model runs every answer to 32 tokens; the real one stops some early
-        jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-        pool = PagedKVCache.for_model(m, 12)  # room for about three answers at a time, not four
-        batch = batching.run_paged(m, jobs, pool)
+        jobs = [Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+        pool = BlockPool.for_model(m, 12)  # room for about three answers at a time, not four
+        batch = run_paged(m, jobs, pool)
         assert batch.preempted >= 1 and batch.recomputed_tokens > 0
         assert [j.tokens for j in jobs] == [alone(m, p) for p in prompts]
         assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
@@ -205,30 +208,30 @@ def test_preempted_requests_are_recomputed_and_answer_as_if_alone(ours, small, t
 
 def test_reject_turns_away_what_it_cannot_reserve_and_never_preempts(small, tokenizer, stop, alone):
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(small, 12)
-    batch = batching.run_paged(small, jobs, pool, policy="reject")
+    jobs = [Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(small, 12)
+    batch = run_paged(small, jobs, pool, policy="reject")
     assert batch.preempted == 0 and batch.rejected >= 1
     for job, prompt in zip(jobs, prompts):
-        assert job.finish_reason == batching.REJECTED or job.tokens == alone(small, prompt)
+        assert job.finish_reason == REJECTED or job.tokens == alone(small, prompt)
     assert pool.manager.num_used == 0
 
 
 def test_a_prompt_bigger_than_the_pool_is_rejected_not_hung(small, tokenizer, stop):
-    job = batching.Job("big", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]), 8, stop)
-    batch = batching.run_paged(small, [job], PagedKVCache.for_model(small, 8))
-    assert job.finish_reason == batching.REJECTED and batch.rejected == 1
+    job = Job("big", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]), 8, stop)
+    batch = run_paged(small, [job], BlockPool.for_model(small, 8))
+    assert job.finish_reason == REJECTED and batch.rejected == 1
 
 
 def test_a_cancelled_job_gives_its_blocks_back(small, tokenizer, stop):
-    pool = PagedKVCache.for_model(small, 16)
-    batch = batching.PagedBatch(small, pool)
-    job = batching.Job("c", chat_ids(tokenizer, QUESTIONS[0]), 32, stop)
+    pool = BlockPool.for_model(small, 16)
+    batch = PagedScheduler(small, pool)
+    job = Job("c", chat_ids(tokenizer, QUESTIONS[0]), 32, stop)
     batch.add([job])
-    batch.step()
+    step(batch)
     assert pool.manager.num_used > 0
     job.cancelled = True
-    batch.step()
+    step(batch)
     assert job.finish_reason == "cancelled" and not batch.jobs and pool.manager.num_used == 0
 
 
@@ -237,7 +240,7 @@ def test_a_cancelled_job_gives_its_blocks_back(small, tokenizer, stop):
 ])
 def test_bad_scheduler_arguments_are_refused(ours, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        batching.run_paged(ours, [batching.Job("a", [1, 2], 2)], PagedKVCache.for_model(ours, 4), **kwargs)
+        run_paged(ours, [Job("a", [1, 2], 2)], BlockPool.for_model(ours, 4), **kwargs)
 
 
 def test_footprint_counts_blocks_slots_and_sharing():
@@ -250,16 +253,16 @@ def test_footprint_counts_blocks_slots_and_sharing():
 @pytest.mark.parametrize("prompt, new, message", [([], 4, "empty"), ("hello", 4, "text"), ([1, 10**9], 4, "vocabulary"),
                                                   ([1, 2], 0, "max_new_tokens")])
 def test_bad_jobs_are_refused_when_queued(small, prompt, new, message):
-    batch = batching.PagedBatch(small, PagedKVCache.for_model(small, 4))
+    batch = PagedScheduler(small, BlockPool.for_model(small, 4))
     with pytest.raises((ValueError, TypeError), match=message):
-        batch.add([batching.Job("bad", prompt, new)])
+        batch.add([Job("bad", prompt, new)])
     assert not batch.jobs
 
 
 def test_two_jobs_with_one_name_are_refused(small):
-    batch = batching.PagedBatch(small, PagedKVCache.for_model(small, 4))
+    batch = PagedScheduler(small, BlockPool.for_model(small, 4))
     with pytest.raises(ValueError, match="unique"):
-        batch.add([batching.Job("a", [1, 2], 2), batching.Job("a", [3, 4], 2)])
+        batch.add([Job("a", [1, 2], 2), Job("a", [3, 4], 2)])
 
 
 def test_footprint_refuses_a_bad_block_size():
@@ -271,9 +274,9 @@ def test_reserve_and_wait_finishes_everything_without_preempting(small, tokenize
     """The pool where reject turns requests away: reserve-and-wait turns nobody away and never preempts; some
     jobs wait in the queue for a reservation, and every job gets the tokens it gets alone."""
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(small, 12)
-    batch = batching.run_paged(small, jobs, pool, policy="reserve")
+    jobs = [Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(small, 12)
+    batch = run_paged(small, jobs, pool, policy="reserve")
     assert batch.preempted == 0 and batch.rejected == 0
     assert all(j.finish_reason in ("end_of_turn", "max_new_tokens") for j in jobs)
     assert [j.tokens for j in jobs] == [alone(small, p) for p in prompts]
@@ -294,11 +297,11 @@ def test_other_block_sizes_give_the_same_tokens(small, tokenizer, stop, alone, b
     """Slot arithmetic that block size 16 could hide: a block of one token, an odd size, one larger than a prompt;
     on a pool tight enough to preempt (block size 1 and 3) and with two prompts sharing their start."""
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 16, stop) for i, p in enumerate(prompts)]
+    jobs = [Job(f"r{i}", p, 16, stop) for i, p in enumerate(prompts)]
     tokens = max(len(p) for p in prompts) + 16
     blocks = {1: 3 * tokens, 3: tokens, 64: 8}[block_size]
-    pool = PagedKVCache.for_model(small, blocks, block_size=block_size)
-    batching.run_paged(small, jobs, pool)
+    pool = BlockPool.for_model(small, blocks, block_size=block_size)
+    run_paged(small, jobs, pool)
     assert [j.tokens for j in jobs] == [alone(small, p)[:16] for p in prompts]
     assert pool.manager.num_used == 0
     pool.manager.check()
@@ -307,14 +310,14 @@ def test_other_block_sizes_give_the_same_tokens(small, tokenizer, stop, alone, b
 def test_sampled_requests_under_preemption_draw_what_they_draw_with_room(ours, small, tokenizer, stop):
     """A preempted request is recomputed from its prompt and the tokens it already has: its sampler must not be
     asked again for those, so each seeded request's tokens match a run on a pool with room for all."""
-    from course_lib.sampling import SamplingConfig, make_sampler
+    from course_lib.engine.sampling import SamplingConfig, make_sampler
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
     config = SamplingConfig(temperature=0.9, top_p=0.95)
 
     def run(m, blocks):
-        jobs = [batching.Job(f"r{i}", p, 32, stop, pick=make_sampler(config, seed=i)) for i, p in enumerate(prompts)]
-        pool = PagedKVCache.for_model(m, blocks)
-        batch = batching.run_paged(m, jobs, pool)
+        jobs = [Job(f"r{i}", p, 32, stop, pick=make_sampler(config, seed=i)) for i, p in enumerate(prompts)]
+        pool = BlockPool.for_model(m, blocks)
+        batch = run_paged(m, jobs, pool)
         assert pool.manager.num_used == 0
         return [j.tokens for j in jobs], batch.preempted
 
@@ -330,9 +333,9 @@ def test_prefix_hits_and_preemption_together_keep_the_real_model_tokens(ours, to
     some requests are preempted, the prefix stays shared, and every request answers as if alone."""
     prompts = [handbook_ids(tokenizer, q) for q in HANDBOOK_QUESTIONS[:3]]
     need = -(-len(prompts[0]) // 16)  # blocks of one prompt
-    jobs = [batching.Job(f"h{i}", p, 24, frozenset()) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(ours, need + 6)  # one document, and a few blocks for every request's own tail
-    batch = batching.run_paged(ours, jobs, pool)
+    jobs = [Job(f"h{i}", p, 24, frozenset()) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(ours, need + 6)  # one document, and a few blocks for every request's own tail
+    batch = run_paged(ours, jobs, pool)
     assert pool.hits > 0 and batch.preempted >= 1
     for job, prompt in zip(jobs, prompts):
         assert job.tokens == generate(ours, tokenizer, prompt, max_new_tokens=24, stop_ids=()).token_ids
@@ -347,12 +350,12 @@ def test_the_watermark_damps_admit_then_preempt_churn(small, tokenizer):
     questions = QUESTIONS + ["Tell me a joke.", "What is 2 + 2?", "Say hi.", "Name a fruit."]
     runs = {}
     for watermark in (0, 4):
-        jobs = [batching.Job(f"r{i}", chat_ids(tokenizer, q), 40) for i, q in enumerate(questions)]
-        pool = PagedKVCache.for_model(small, 10)
-        batch = batching.PagedBatch(small, pool, "preempt", 8, watermark=watermark)
+        jobs = [Job(f"r{i}", chat_ids(tokenizer, q), 40) for i, q in enumerate(questions)]
+        pool = BlockPool.for_model(small, 10)
+        batch = PagedScheduler(small, pool, "preempt", 8, watermark=watermark)
         batch.add(jobs)
         while batch.jobs:
-            batch.step()
+            step(batch)
         assert pool.manager.num_used == 0
         runs[watermark] = (batch.preempted, batch.recomputed_tokens, [j.tokens for j in jobs])
     assert runs[4][0] < runs[0][0] and runs[4][1] < runs[0][1]
@@ -363,9 +366,9 @@ def test_a_preempted_request_finding_its_own_blocks_is_not_a_prefix_hit(small, t
     """Under preemption, readmitted sequences often find their own blocks still cached: counted apart
     (refound_rate), so hit_rate measures sharing between first admissions only."""
     prompts = [chat_ids(tokenizer, q) for q in QUESTIONS]
-    jobs = [batching.Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
-    pool = PagedKVCache.for_model(small, 12)
-    batch = batching.run_paged(small, jobs, pool)
+    jobs = [Job(f"r{i}", p, 32, stop) for i, p in enumerate(prompts)]
+    pool = BlockPool.for_model(small, 12)
+    batch = run_paged(small, jobs, pool)
     assert batch.preempted >= 1 and pool.readmitted > 0 and pool.refound > 0
     assert pool.lookups == sum(len(p) for p in prompts)  # each prompt looked up once, at its first admission
     assert pool.hits <= pool.lookups and pool.refound <= pool.readmitted
@@ -378,7 +381,7 @@ def test_a_cache_salt_keeps_equal_prefixes_apart():
     assert paged.prefix_hashes(tokens) != paged.prefix_hashes(tokens, salt="alice")
     assert paged.prefix_hashes(tokens, salt="alice") != paged.prefix_hashes(tokens, salt="bob")
     assert paged.prefix_hashes(tokens, salt="alice") == paged.prefix_hashes(tokens, salt="alice")
-    pool = PagedKVCache(1, 1, 1, 20)
+    pool = BlockPool(1, 1, 1, 20)
     found = []
     for salt in ("alice", "bob", "alice", ""):
         seq = Sequence(list(tokens), salt=salt)
@@ -393,10 +396,10 @@ def test_a_fork_shares_the_prompt_and_copies_its_last_block_on_write(small, toke
     """Parallel sampling's fork: two branches from one prefilled prompt (37 tokens: two full blocks and a partial
     one), fed different tokens, then decoded greedily together. The full blocks stay shared, the partial one is
     copied once, and every step's logits equal the branch's whole sequence run from scratch."""
-    from course_lib.forward import forward_logits
-    from course_lib.generation import decode_step, prefill
+    from course_lib.runner.forward import forward_logits
+    from course_lib.engine.stages import decode_step, prefill
     prompt = chat_ids(tokenizer, "What is the capital of France?")[:37]
-    pool = PagedKVCache.for_model(small, 20)
+    pool = BlockPool.for_model(small, 20)
     a = Sequence(list(prompt))
     pool.admit(a)
     pool.grow(a, len(prompt))

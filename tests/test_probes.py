@@ -1,10 +1,10 @@
 """Causal probes: the controls of ablation and patching, and patching checked against a second implementation
-(the course's own model run block by block, course_lib.model's functions, with the patch written in between)."""
+(the course's own model run block by block, course_lib.runner.model's functions, with the patch written in between)."""
 import pytest
 import torch
 
-from course_lib import probes
-from course_lib.model import Model, block, embed, head
+from course_lib.inside import probes
+from course_lib.runner.model import Model, block, embed, head
 
 CLEAN = ("What is the capital of France?", "The capital of France is")
 CORRUPT = ("What is the capital of Germany?", "The capital of Germany is")

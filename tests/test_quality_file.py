@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_lib import formats
+from course_lib.runner import formats
 from course_lib.measure import gguf_file, quality
-from course_lib.model import Model
+from course_lib.runner.model import Model
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,11 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from course_lib.forward import forward_logits
-from course_lib.generation import generate
-from course_lib.sampling import (SamplingConfig, apply_temperature, effective_choices, logits_to_probs, make_sampler,
-                                 min_p_filter, repetition_penalty, reshape, sample, top_k_filter, top_p_filter)
+from course_lib.runner.forward import forward_logits
+from course_lib.engine.generation import generate
+from course_lib.engine.sampling import (SamplingConfig, apply_temperature, effective_choices, logits_to_probs,
+                                        make_sampler, min_p_filter, repetition_penalty, reshape, sample,
+                                        top_k_filter, top_p_filter)
 
 from conftest import chat_ids
 

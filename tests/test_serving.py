@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from course_lib.serving import free_port, start_server
+from course_lib.serve.serving import free_port, start_server
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 MODEL = "smollm2-135m-instruct"  # the served name; tests that compare text ask for temperature 0 (repeatable)
@@ -156,7 +156,7 @@ def test_bad_stop_is_refused(server):
 
 
 def test_the_server_runs_on_our_model(model, tokenizer):
-    from course_lib.model import Model
+    from course_lib.runner.model import Model
     handle = start_server(Model.from_transformers(model), tokenizer, port=free_port(), max_tokens_cap=32)
     try:
         c = openai.OpenAI(base_url=handle.url + "/v1", api_key="local", timeout=120, max_retries=0)
@@ -295,10 +295,10 @@ def test_an_engine_error_reaches_the_client_as_an_error(tiny, tokenizer):
 
     def break_step(batch):
         def broken():
-            if batch.jobs:  # note: the engine steps an empty batch while it waits; break only a real step
+            if batch.jobs:  # note: break only a step with work in it
                 raise RuntimeError("a deliberately broken step")
             return []
-        batch.step = broken
+        batch.run = broken  # the scheduler's model call, which generation.step makes first
 
     try:
         for stream in (False, True):

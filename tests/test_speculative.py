@@ -3,12 +3,12 @@ the sampling rule keeps the model's distribution (chi-square), and a wrong rule 
 import pytest
 import torch
 
-from course_lib import formats
-from course_lib.context import chat_ids, edit_ids, story_ids
-from course_lib.generation import generate, stream
-from course_lib.model import Model
-from course_lib.sampling import SamplingConfig, logits_to_probs, make_sampler
-from course_lib.speculative import ModelDrafter, PromptLookup, accept_or_resample, early_exit
+from course_lib.runner import formats
+from course_lib.text.context import chat_ids, edit_ids, story_ids
+from course_lib.engine.generation import generate, stream
+from course_lib.runner.model import Model
+from course_lib.engine.sampling import accept_or_resample, logits_to_probs, make_sampler, SamplingConfig
+from course_lib.engine.speculative import ModelDrafter, PromptLookup, early_exit
 
 from test_sampling import _chi_square_p_value, real_logits  # noqa: F401 - real_logits is a fixture
 
@@ -116,8 +116,8 @@ def _first_two(logits, draft, config, n, rule=None, monkeypatch=None, draft_prob
     """n runs of sample_verified on fixed logits: counts of the first emitted token, and of the second given the
     first drafted token was accepted. draft: the drafted tokens, or a function drawing them anew for each run
     (with draft_probs, the distributions it draws from)."""
-    from course_lib import sampling as speculative  # the acceptance rules are picker rules (sampling.py)
-    from course_lib.sampling import make_sampler
+    from course_lib.engine import sampling as speculative  # the acceptance rules are picker rules (sampling.py)
+    from course_lib.engine.sampling import make_sampler
     if rule is not None:
         monkeypatch.setattr(speculative, "accept_or_resample", rule)
     sampler = make_sampler(config, seed=0)
@@ -134,7 +134,7 @@ def _first_two(logits, draft, config, n, rule=None, monkeypatch=None, draft_prob
 
 
 def test_speculative_sampling_keeps_each_tokens_distribution(real_logits):
-    from course_lib.sampling import SamplingConfig, logits_to_probs
+    from course_lib.engine.sampling import SamplingConfig, logits_to_probs
     logits = real_logits[:, :].gather(1, real_logits[0].topk(16).indices.expand(3, 16))  # (3, 16): a real sub-vocabulary
     config = SamplingConfig(temperature=0.9, top_k=12)
     draft = [int(logits[0].argsort(descending=True)[1]), int(logits[1].argmax())]  # the second most likely, then the top
@@ -145,7 +145,7 @@ def test_speculative_sampling_keeps_each_tokens_distribution(real_logits):
 
 
 def test_speculative_sampling_with_a_wrong_rule_is_caught(real_logits, monkeypatch):
-    from course_lib.sampling import SamplingConfig, logits_to_probs
+    from course_lib.engine.sampling import SamplingConfig, logits_to_probs
     logits = real_logits[:, :].gather(1, real_logits[0].topk(16).indices.expand(3, 16))
     config = SamplingConfig(temperature=0.9, top_k=12)
     draft = [int(logits[0].argsort(descending=True)[1]), int(logits[1].argmax())]
@@ -160,7 +160,7 @@ def test_speculative_sampling_with_a_wrong_rule_is_caught(real_logits, monkeypat
 
 
 def test_sampling_runs_in_the_loop_with_a_drafter(ours, tokenizer):
-    from course_lib.sampling import SamplingConfig, make_sampler
+    from course_lib.engine.sampling import SamplingConfig, make_sampler
     prompt = edit_ids(tokenizer)
     greedy_run = generate(ours, tokenizer, prompt, 30)
     cold = generate(ours, tokenizer, prompt, 30, pick=make_sampler(SamplingConfig(temperature=0)), draft=PromptLookup(3))
@@ -200,7 +200,7 @@ def _sub_vocabulary(real_logits, rows=3, size=16):
 def _sampled_runs(target, drafter, config, n, pass_q=True):
     """n verify steps of two drafted tokens, each drafted from the drafter's own distribution (as ModelDrafter
     does for a sampling model): _first_two's counts."""
-    from course_lib.sampling import logits_to_probs
+    from course_lib.engine.sampling import logits_to_probs
     g = torch.Generator().manual_seed(1)
     qs = [logits_to_probs(drafter[i], config) for i in range(2)]
     return _first_two(target, lambda: [int(torch.multinomial(q, 1, generator=g)) for q in qs], config, n,
@@ -208,7 +208,7 @@ def _sampled_runs(target, drafter, config, n, pass_q=True):
 
 
 def test_sampled_drafts_keep_each_tokens_distribution(real_logits):
-    from course_lib.sampling import SamplingConfig, logits_to_probs
+    from course_lib.engine.sampling import SamplingConfig, logits_to_probs
     target, drafter = _sub_vocabulary(real_logits)
     config = SamplingConfig(temperature=1.0)
     first, second = _sampled_runs(target, drafter, config, 12_000)
@@ -218,8 +218,8 @@ def test_sampled_drafts_keep_each_tokens_distribution(real_logits):
 
 def test_sampled_drafts_with_a_wrong_resample_are_caught(real_logits, monkeypatch):
     """Accepted with min(1, p/q) as it should, but a rejection draws from p itself instead of max(0, p - q)."""
-    from course_lib import sampling
-    from course_lib.sampling import SamplingConfig, logits_to_probs
+    from course_lib.engine import sampling
+    from course_lib.engine.sampling import SamplingConfig, logits_to_probs
 
     def wrong(p, q, drafted, generator):
         if torch.rand((), generator=generator) < min(1.0, float(p[drafted] / q[drafted])):
@@ -236,8 +236,8 @@ def test_sampled_drafts_with_a_wrong_resample_are_caught(real_logits, monkeypatc
 def test_sampled_drafts_judged_as_one_hot_keep_p_but_accept_less(real_logits):
     """A draft drawn from q and judged as if q were one-hot (accepted with p(x)) still gives p: the rule holds for
     any proposal, given the drawn token. It only accepts less: sum of q p, against sum of min(p, q)."""
-    from course_lib.sampling import SamplingConfig, logits_to_probs
-    from course_lib.speculative import acceptance
+    from course_lib.engine.sampling import SamplingConfig, logits_to_probs
+    from course_lib.engine.speculative import acceptance
     target, drafter = _sub_vocabulary(real_logits)
     config = SamplingConfig(temperature=1.0)
     first, _ = _sampled_runs(target, drafter, config, 12_000, pass_q=False)
@@ -247,7 +247,7 @@ def test_sampled_drafts_judged_as_one_hot_keep_p_but_accept_less(real_logits):
 
 
 def test_acceptance_is_one_minus_total_variation(real_logits):
-    from course_lib.speculative import acceptance
+    from course_lib.engine.speculative import acceptance
     target, drafter = _sub_vocabulary(real_logits)
     p, q = torch.softmax(target[0], -1), torch.softmax(drafter[0], -1)
     assert acceptance(p, q) == pytest.approx(1 - 0.5 * float((p - q).abs().sum()), abs=1e-6)
@@ -263,7 +263,7 @@ def test_acceptance_is_one_minus_total_variation(real_logits):
 
 
 def test_a_model_drafter_samples_when_the_model_samples(tiny, tokenizer):
-    from course_lib.sampling import SamplingConfig, make_sampler
+    from course_lib.engine.sampling import SamplingConfig, make_sampler
     prompt = story_ids(tokenizer)
     drafter = ModelDrafter(tiny)
     run = generate(tiny, tokenizer, prompt, 12, stop_ids=(), pick=make_sampler(SamplingConfig(temperature=1.0), seed=4),
@@ -318,7 +318,7 @@ def test_sampled_speculation_end_to_end_keeps_the_pairs_distribution(tiny, token
     token after the same t1 in all of them and skew the second token: that is caught."""
     import copy
 
-    from course_lib.forward import forward_logits
+    from course_lib.runner.forward import forward_logits
     small = Model.from_transformers(tiny)
     flat = copy.deepcopy(tiny)
     with torch.no_grad():

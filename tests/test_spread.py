@@ -9,12 +9,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.container import ErrorbarContainer  # noqa: E402
 
-from course_lib import plots, plots_long, plots_perf, plots_roofline  # noqa: E402
+from course_lib.views import plots, plots_long, plots_perf, plots_roofline  # noqa: E402
 from course_lib.measure.long_context import step_curve, step_times  # noqa: E402
 from course_lib.measure.race import race  # noqa: E402
 from course_lib.measure.speed import throughput_latency  # noqa: E402
-from course_lib.measure.timers import median  # noqa: E402
-from course_lib.model import Model  # noqa: E402
+from course_lib.runtime import median  # noqa: E402
+from course_lib.runner.model import Model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,9 @@ compiler is at hand), the cache written at the position given as a tensor, and c
 import pytest
 import torch
 
-from course_lib.forward import run_model
-from course_lib.model import Model
-from course_lib.static_step import StaticStep, compile_available
+from course_lib.runner.forward import run_model
+from course_lib.runner.model import Model
+from course_lib.runner.static_step import StaticStep, compile_available
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +81,10 @@ def test_the_compiled_step_gives_the_same_tokens(small, tokenizer):
 
 @pytest.mark.slow
 def test_a_head_the_compiler_cannot_take_runs_after_the_compiled_step(small, tokenizer):
-    from course_lib import formats
+    from course_lib.runner import formats
     ok, why = compile_available()
     if not ok or not formats.int8_dynamic_available():
-        pytest.skip(why or "no oneDNN int8 x int8 product in this torch build")
+        pytest.skip(why or "oneDNN's int8 x int8 product is missing here or saturates (no VNNI)")
     fast = formats.convert(small, "int4", head="int8-dynamic")
     assert not fast.lm_head.compiles
     prompt = tokenizer.encode("The head runs apart")
@@ -107,7 +107,7 @@ def test_first_difference_finds_where_two_runs_part():
 
 
 def test_without_a_cpp_compiler_compiling_says_so(small, monkeypatch):
-    import course_lib.static_step as static_step
+    import course_lib.runner.static_step as static_step
     monkeypatch.setattr(static_step.shutil, "which", lambda name: None)
     ok, why = compile_available()
     assert not ok and "C++ compiler" in why

@@ -5,11 +5,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from course_lib.context import chat_ids
-from course_lib.generation import generate
-from course_lib.sampling import SamplingConfig, make_sampler
-from course_lib.structured import (ChoiceMask, MaskLog, PatternMask, SchemaError, SchemaMask, generate_json,
-                                   masked_pick)
+from course_lib.text.context import chat_ids
+from course_lib.engine.generation import generate
+from course_lib.engine.sampling import SamplingConfig, make_sampler
+from course_lib.engine.structured import (ChoiceMask, MaskLog, PatternMask, SchemaError, SchemaMask, generate_json,
+                                          masked_pick)
 
 RECEIPTS = json.loads((Path(__file__).resolve().parents[1] / "data" / "receipts.json").read_text())["receipts"]
 RECEIPT = {"type": "object", "additionalProperties": False, "required": ["name", "date", "amount"],

@@ -1,6 +1,7 @@
 import pytest
 
-from course_lib.tokenization import cl100k, encode, tokens_of
+from course_lib.text.tokenization import (bpe_encode, bpe_vocab, cl100k, cl100k_tokens, cost, economy, encode,
+                                          model_tokens, piece_lengths, round_trips, tokens_of, train_bpe)
 
 
 def test_cl100k_works_offline():
@@ -26,8 +27,6 @@ def test_encode_rejects_non_text(tokenizer):
         encode(tokenizer, 42)
 
 
-from course_lib.tokenization import (bpe_encode, bpe_vocab, cl100k_tokens, cost, economy, model_tokens,
-                                     piece_lengths, round_trips, train_bpe)
 
 ROUND_TRIP = ["", "a", "What is the capital of France?", "café crème brûlée", "東京タワー", "안녕하세요",
               "👨‍👩‍👧‍👦 family", "🇫🇷🇯🇵", "  leading and trailing  ", "tab\tnew\nline\r\n", "naïve façade Ærø",
@@ -99,7 +98,7 @@ def test_bpe_on_course_text():
 
 
 def test_word_shapes_counts_whole_words_and_lone_marks(tokenizer):
-    from course_lib.tokenization import word_shapes
+    from course_lib.text.tokenization import word_shapes
     w = word_shapes(tokenizer, "Hi, you. Antidisestablishmentarianism!")
     assert (w["words"], w["whole_words"], w["split_words"]) == (3, 2, 1)  # the long word takes several tokens
     assert (w["punctuation"], w["punctuation_alone"]) == (3, 3)

@@ -1,8 +1,8 @@
 """Widgets respond to their controls from cached data (no model call), and show what changed."""
 import torch
 
-from course_lib.forward import forward_logits
-from course_lib.widgets import SamplingExplorer, tokenizer_box
+from course_lib.runner.forward import forward_logits
+from course_lib.views.widgets import SamplingExplorer, tokenizer_box
 
 from conftest import chat_ids
 
@@ -32,7 +32,7 @@ def test_sampling_explorer_reacts_without_the_model(model, tokenizer, monkeypatc
 
 
 def test_attention_explorer_changes_view(tokenizer):
-    from course_lib.widgets import AttentionExplorer
+    from course_lib.views.widgets import AttentionExplorer
     weights = torch.rand(4, 3, 5, 5).tril()
     weights = weights / weights.sum(-1, keepdim=True)
     explorer = AttentionExplorer(weights, list("abcde"), {0: [0, 1, 2]})
@@ -44,8 +44,8 @@ def test_attention_explorer_changes_view(tokenizer):
 
 
 def test_block_size_explorer_highlights_the_chosen_row():
-    from course_lib import paged
-    from course_lib.widgets import block_size_explorer
+    from course_lib.runner import paged
+    from course_lib.views.widgets import block_size_explorer
     rows = [paged.footprint([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]], b) for b in (1, 2, 4)]
     box = block_size_explorer(rows, bytes_per_token=100.0)
     slider, view = box.children

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..context import chat_ids
-from ..generation import generate
-from ..forward import forward_logits
+from ..text.context import chat_ids
+from ..engine.generation import generate
+from ..runner.forward import forward_logits
 from . import check_prediction, fresh, off, safely, verdict
 
 TEXTS = ["What is the capital of France?", "Unbelievable!", "Paris, 2024 🇫🇷", ""]

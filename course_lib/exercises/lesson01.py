@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..tokenization import cl100k_tokens, cost, encode
+from ..text.tokenization import cl100k_tokens, cost, encode
 from . import check_prediction, fresh, off, safely, verdict
 
 TEXTS = ["What is the capital of France?", "1,000,000 tokens", "Crème brûlée 東京 👨‍👩‍👧", "", "def f(x):\n    return x"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..context import ContextOverflowError, context_ids, fit_to_budget
-from ..generation import generate
+from ..text.context import ContextOverflowError, context_ids, fit_to_budget
+from ..engine.generation import generate
 from . import check_prediction, fresh, safely, verdict
 
 CONVERSATION = Path(__file__).resolve().parents[2] / "data" / "conversation.json"

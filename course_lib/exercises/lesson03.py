@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from ..anatomy import layer_outputs, logit_lens
-from ..forward import forward_logits
+from ..inside.anatomy import layer_outputs, logit_lens
+from ..runner.forward import forward_logits
 from ..runtime import time_it
 from . import check_prediction, fresh, safely, verdict
 

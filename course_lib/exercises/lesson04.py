@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ..attention import attention_weights, kv_groups
+from ..runner.attention import attention_weights, kv_groups
 from . import fresh, safely, verdict
 
 # (text, query word, key word): a pronoun or noun and the word it may point back to (none is the lesson's own)
@@ -81,7 +81,7 @@ def check_strongest_head(answer, model, tokenizer, text: str, query: str, key: s
 def check_patch_prediction(prediction, model, clean: list[int], corrupt: list[int], good: int, bad: int) -> bool:
     """prediction: the fraction of the clean answer recovered when the LAST block's output at the LAST position is
     copied from the clean run into the corrupted one. Measured here with probes.patch_residual."""
-    from ..probes import patch_residual
+    from ..inside.probes import patch_residual
     if not isinstance(prediction, (int, float)) or isinstance(prediction, bool):
         return verdict(False, "", "give a number between 0 and 1 (or a little outside: patching can overshoot)")
     measured = float(patch_residual(model, clean, corrupt, good, bad, positions=[len(clean) - 1])["recovered"][-1, 0])
@@ -93,7 +93,7 @@ def check_patch_prediction(prediction, model, clean: list[int], corrupt: list[in
 
 def check_most_important_head(answer, effects) -> bool:
     """answer: (layer, head) whose ablation lowers the Paris-over-Berlin logit difference the most (effects: (L, H))."""
-    from ..probes import top_heads
+    from ..inside.probes import top_heads
     layer, head, e = top_heads(effects, 1, largest=False)[0]
     ok = isinstance(answer, tuple) and tuple(int(x) for x in answer) == (layer, head)
     return verdict(ok, f"layer {layer}, head {head}: removing it changes the logit difference by {e:+.2f}",
@@ -104,7 +104,7 @@ def check_most_important_head(answer, effects) -> bool:
 def check_layer_effect(layer_effect, model, ids: list[int], good: int, bad: int, means) -> bool:
     """layer_effect(layer) -> the change in the logit difference when EVERY head of that layer is mean-ablated
     at once (probes.ablated_metric minus the clean metric)."""
-    from ..probes import ablated_metric
+    from ..inside.probes import ablated_metric
     heads = model.config.num_attention_heads
     base = ablated_metric(model, ids, good, bad, [])
     for layer in (model.config.num_hidden_layers - 7, 0):

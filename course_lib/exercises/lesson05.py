@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..sampling import SamplingConfig, logits_to_probs, reshape, top_k_filter
+from ..engine.sampling import SamplingConfig, logits_to_probs, reshape, top_k_filter
 from . import check_prediction, safely, verdict
 
 

@@ -2,7 +2,8 @@
 arrival of the 80th token predicted before it is measured."""
 from __future__ import annotations
 
-from ..generation import GenerationResult, Step, generate
+from ..engine.request import GenerationResult, NewToken
+from ..engine.generation import generate
 from ..measure.speed import uncached_run
 from . import check_prediction, fresh, safely, verdict
 
@@ -63,7 +64,7 @@ def check_ttft_share(ttft_share, model, tokenizer, prompt_ids: list[int]) -> boo
     """ttft_share(result) -> time to first token / time of the last token, for a GenerationResult."""
     result = generate(model, tokenizer, prompt_ids, max_new_tokens=12)
     fake = GenerationResult([1], [5, 6, 7], "", "max_new_tokens",
-                            [Step(0, 5, "", 1.0, 0.2), Step(1, 6, "", 1.0, 0.3), Step(2, 7, "", 1.0, 0.8)])
+                            [NewToken(0, 5, "", 1.0, 0.2), NewToken(1, 6, "", 1.0, 0.3), NewToken(2, 7, "", 1.0, 0.8)])
     for res, want in [(result, result.steps[0].at / result.steps[-1].at), (fake, 0.25)]:
         ok, got = safely(ttft_share, res)
         if not ok:

@@ -2,15 +2,15 @@
 a decode step at a long context predicted before it is measured."""
 from __future__ import annotations
 
-from ..kv_cache import cache_bytes, kv_bytes_per_token, positions_processed
+from ..runner.kv_cache import cache_bytes, kv_bytes_per_token, positions_processed
 from ..measure.speed import cached_run, uncached_run
-from ..measure.bench import decode_seconds
+from ..measure.prefill_decode import decode_seconds
 from . import check_prediction, fresh, off, safely, verdict
 
 
 def check_kv_bytes(kv_bytes, model) -> bool:
     """kv_bytes(tokens, layers, kv_heads, head_dim, bytes_per_number) -> bytes the cache holds."""
-    from ..generation import prefill
+    from ..engine.stages import prefill
     rng = fresh()
     cases = [(1, 30, 3, 64, 2), (0, 30, 3, 64, 4)]
     cases += [(rng.randint(1, 200_000), rng.choice([2, 16, 30, 32, 80]), rng.choice([1, 3, 8]), rng.choice([64, 128]),

@@ -2,7 +2,7 @@
 a measured prefill/decode speed ratio, and a prediction of a long prompt's prefill, measured after."""
 from __future__ import annotations
 
-from ..measure.bench import decode_seconds, prefill_seconds
+from ..measure.prefill_decode import decode_seconds, prefill_seconds
 from . import check_prediction, fresh, off, safely, verdict
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..batching import Job, left_pad, padding_waste
+from ..engine.request import Job
+from ..engine.schedulers import left_pad, padding_waste
 from ..measure.speed import throughput_latency
 from . import check_prediction, fresh, safely, verdict
 

@@ -89,7 +89,7 @@ def check_load_prediction(prediction_ms, model, tokenizer, clients: int = 4, tol
     """prediction_ms: your prediction, written BEFORE this runs, of the mean time to first token when `clients`
     requests arrive at once (section 3 measured 1 and 8). The check starts a server on loopback, measures, stops it."""
     def measure():
-        from ..serving import free_port, start_server
+        from ..serve.serving import free_port, start_server
         server = start_server(model, tokenizer, port=free_port())
         try:
             mean_ttft(server.url, 1)  # warm-up: the first request of a server pays extra

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ..attention import apply_rotary, rotary_cos_sin
-from ..model import norm
+from ..runner.attention import apply_rotary, rotary_cos_sin
+from ..runner.model import norm
 from . import safely, verdict
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import quantize_int4, quantize_int8
+from ..runner.formats import quantize_int4, quantize_int8
 from . import safely, verdict
 
 

@@ -1,7 +1,8 @@
 """Checks for 13_paged_memory: blocks a conversation takes, blocks shared by prompts, a prefix hit's first token."""
 from __future__ import annotations
 
-from ..paged import blocks_for, footprint
+from ..runner.blocks import blocks_for
+from ..runner.paged import footprint
 from . import safely, verdict
 
 
@@ -58,7 +59,7 @@ def check_ttft_prediction(predict_ttft) -> bool:
 
 
 def check_steps_to_read(steps_to_read) -> bool:
-    """steps_to_read(prompt_tokens, token_budget, running) -> steps a PagedBatch takes to read a prompt when
+    """steps_to_read(prompt_tokens, token_budget, running) -> steps a PagedScheduler takes to read a prompt when
     `running` requests decode one token each per step and the prompt gets the rest of the budget."""
     for case in [(1100, 128, 1), (100, 256, 3), (1000, 64, 8), (127, 128, 1), (128, 128, 1), (5, 16, 0)]:
         ok, got = safely(steps_to_read, *case)

@@ -1,7 +1,7 @@
 """Checks for 14_speculative_decoding: the speed-up formula, a prompt-lookup drafter, tokens per verify step."""
 from __future__ import annotations
 
-from ..speculative import PromptLookup, expected_tokens_per_verify
+from ..engine.speculative import PromptLookup, expected_tokens_per_verify
 from . import check_prediction, safely, verdict
 
 
@@ -55,7 +55,7 @@ def check_tokens_per_verify(tokens_per_verify) -> bool:
 def check_verify_prediction(prediction, model, tokenizer, prompt_ids: list[int], k: int = 4, n: int = 40) -> bool:
     """prediction: your prediction, written BEFORE this runs, of the tokens per verify step of prompt lookup at k on
     this prompt (section 4 printed k = 2 and k = 6). Greedy, so the count repeats run after run."""
-    from ..generation import generate
+    from ..engine.generation import generate
 
     def measure():
         return generate(model, tokenizer, list(prompt_ids), n, stop_ids=(), draft=PromptLookup(3), k=k

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..structured import ChoiceMask, SchemaMask, generate_json
+from ..engine.structured import ChoiceMask, SchemaMask, generate_json
 from . import check_prediction, safely, verdict
 
 AGE_SCHEMA = {"type": "object", "properties": {"age": {"type": "integer"}}}

@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from ..attention_kernels import tiled_attention
+from ..runner.attention_kernels import tiled_attention
 from . import check_prediction, safely, verdict
 
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..attention import rotary_cos_sin
-from ..long_context import WindowCache
+from ..runner.attention import rotary_cos_sin
+from ..engine.long_context import WindowCache
 from . import check_prediction, safely, verdict
 
 

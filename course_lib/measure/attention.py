@@ -19,10 +19,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from ..attention_kernels import tiled_attention, written_out_attention
-from ..forward import run_model
-from ..paged import PagedKVCache, Sequence
-from .timers import best_of, median
+from ..runner.attention_kernels import tiled_attention, written_out_attention
+from ..runner.forward import run_model
+from ..runner.paged import BlockPool
+from ..runner.blocks import Sequence
+from .timers import best_of
+from ..runtime import median
+from .section import Section
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -70,7 +73,7 @@ def scattered_rows(model, rows: int, tokens: int, block_size: int = 16, attentio
     """A pool for `rows` sequences of `tokens` computed tokens each plus one new one, with their blocks handed out
     in a shuffled order (no row's blocks lie side by side) and random keys and values. Returns (pool, sequences)."""
     per_row = -(-(tokens + 1) // block_size)
-    pool = PagedKVCache.for_model(model, rows * per_row, block_size, prefix_caching=False, attention=attention)
+    pool = BlockPool.for_model(model, rows * per_row, block_size, prefix_caching=False, attention=attention)
     pool.manager.shuffle(seed)  # a served pool's free list after churn
     g = torch.Generator(device="cpu").manual_seed(seed)
     for store in pool.keys + pool.values:
@@ -121,8 +124,8 @@ def same_output(model, tokenizer, tolerance: float = 1e-5) -> dict:
     """The kernels against their references on the model's real tensors: tiled attention against torch's SDPA on
     layer 10's queries, keys and values of a 300-token prompt (as a prefill, and as a decode of its last token);
     the paged decode step against the gather on a really prefilled pool of 3 rows (logits)."""
-    from ..context import handbook_ids
-    from ..model import layer_qkv
+    from ..text.context import handbook_ids
+    from ..runner.model import layer_qkv
     ids = handbook_ids(tokenizer, "What is the refund window?")[:300]
     q, k, v = layer_qkv(model, ids, 10)
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
@@ -130,7 +133,7 @@ def same_output(model, tokenizer, tolerance: float = 1e-5) -> dict:
     decode_err = float((tiled_attention(q[:, :, -1:], k, v, start=len(ids) - 1) - ref[:, :, -1:]).abs().max())
     logits = {}
     for name in ("paged", "gather"):
-        pool = PagedKVCache.for_model(model, 64, prefix_caching=False, attention=name)
+        pool = BlockPool.for_model(model, 64, prefix_caching=False, attention=name)
         seqs = [Sequence(list(ids[:n])) for n in (300, 211, 97)]
         for seq in seqs:  # each prompt prefilled alone (the gather reads it), then one decode step of all three
             pool.grow(seq, len(seq.tokens) + 1)
@@ -176,7 +179,7 @@ def attention_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 16 on the course's model (float32, its own model on the library's weights): equality on real tensors,
     the decode step through the tables against the gather (4 rows of about 1,000 tokens, 1 row of 4,000; block sizes
     at 4 x 1,000), lesson 13's whole trace served both ways, and prefill peak memory at 4,096 tokens."""
-    from ..model import Model
+    from ..runner.model import Model
     ours = Model.from_transformers(model if model.dtype == torch.float32 else model.float(), dtype=torch.float32)
     shapes = {"4x1000": (4, 1000), "1x4000": (1, 4000)} if not quick else {"2x40": (2, 40), "1x80": (1, 80)}
     steps = {name: step_times(ours, rows, tokens, repeats=2 if quick else 7) for name, (rows, tokens) in shapes.items()}
@@ -194,3 +197,42 @@ def attention_section(model, tokenizer, quick: bool = False) -> dict:
             "block_sizes": [steps[next(iter(steps))]] + blocks,
             "prefill_tokens": peaks["tokens"], "tiled_peak_bytes": peaks["tiled_peak_bytes"],
             "sdpa_peak_bytes": peaks["sdpa_peak_bytes"], "naive_peak_bytes": peaks["naive_peak_bytes"]}
+
+
+def _targets(result: dict) -> list:
+    out = []
+    a = result["attention"]
+    small, large = list(a["paged_speedup"])
+    out.append(("attention: tiled and paged equal to SDPA and the gather on real tensors", str(a["same_output"]),
+                a["same_output"]))
+    out.append((f"attention: paged decode no slower than the gather at {small}", f"{a['paged_speedup'][small]:.2f}x",
+                a["paged_speedup"][small] >= 1.0))
+    out.append((f"attention: paged decode faster than the gather at {large}", f"{a['paged_speedup'][large]:.2f}x",
+                a["paged_speedup"][large] > 1.0))
+    out.append((f"attention: paged step allocates less than the gather writes ({small})",
+                f"{a['step_peak_bytes'][small]['paged'] / 1e6:.1f} vs {a['gather_bytes_per_step'][small] / 1e6:.0f} MB",
+                a["step_peak_bytes"][small]["paged"] < a["gather_bytes_per_step"][small] / 10))
+    return out
+
+
+def _report(result: dict) -> list:
+    lines = []
+    a = result["attention"]
+    for name in a["paged_step_ms"]:
+        lines.append(f"attention {name}: decode step {a['paged_step_ms'][name]:.1f} ms through the tables, "
+                     f"{a['gather_step_ms'][name]:.1f} ms gathered ({a['paged_speedup'][name]:.2f}x); the gather writes "
+                     f"{a['gather_bytes_per_step'][name] / 1e6:.0f} MB per step; peak allocated "
+                     f"{a['step_peak_bytes'][name]['paged'] / 1e6:.1f} vs {a['step_peak_bytes'][name]['gather'] / 1e6:.1f} MB")
+    lines.append("attention block sizes: " + ", ".join(f"{b['block_size']}: {b['paged_ms']:.1f} vs {b['gather_ms']:.1f} ms"
+                                                       for b in a["block_sizes"]))
+    t = a["lesson13_trace"]
+    lines.append(f"attention on lesson 13's trace: {t['tokens_per_s']['paged']:.1f} tok/s through the tables, "
+                 f"{t['tokens_per_s']['gather']:.1f} gathered (same tokens: {t['same_tokens']})")
+    lines.append(f"attention prefill of {a['prefill_tokens']} tokens, one layer, peak allocated: written out "
+                 f"{a['naive_peak_bytes'] / 1e6:.0f} MB, tiled {a['tiled_peak_bytes'] / 1e6:.1f} MB, SDPA "
+                 f"{a['sdpa_peak_bytes'] / 1e6:.1f} MB")
+    return lines
+
+
+SECTION = Section("attention", "lesson 16: tiled attention, paged decode attention against the gather",
+                  lambda m, t, q: {"attention": attention_section(m, t, q)}, _targets, _report)

@@ -9,28 +9,19 @@ What it does not do: decide anything for the engine (the numbers are reported; l
 """
 from __future__ import annotations
 
-import time
 
 import torch
 
-from ..runtime import synchronize
-from ..static_step import StaticStep, compile_available
+from ..runtime import median
+from ..runner.static_step import StaticStep, compile_available
 from .race import generate_exact, our_step_seconds
-from .timers import median
+from .timers import greedy_gaps
 
 
 def timed_static_run(step: StaticStep, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
-    """n greedy tokens through `step` after its prefill; the seconds of each step (the pick included, as in the
-    engine's own step times)."""
-    logits, tokens, seconds = step.prefill(prompt), [], []
-    for _ in range(n):
-        tokens.append(int(logits.argmax()))
-        synchronize(step.model.device)
-        start = time.perf_counter()
-        logits = step(tokens[-1])
-        synchronize(step.model.device)
-        seconds.append(time.perf_counter() - start)
-    return tokens, seconds
+    """n greedy tokens through `step` after its prefill; the seconds of each gap, the argmax included
+    (timers.greedy_gaps, as bare_decode and llama.cpp's side are timed)."""
+    return greedy_gaps(step, step.prefill(prompt), n, step.model.device)
 
 
 def step_ops(step: StaticStep, prompt: list[int], steps: int = 3) -> float:
@@ -73,7 +64,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     compared with the engine's greedy ones: in bfloat16 (the int4 format's activations) the static step's attention
     over the whole masked cache adds in another order than the engine's over the written columns, so a near-tie
     can flip (first_difference says where)."""
-    from ..formats import convert
+    from ..runner.formats import convert
     formats = {"float32": ours}
     if ours.device.type == "cpu":
         formats["int4"] = convert(ours, "int4")

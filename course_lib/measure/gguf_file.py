@@ -89,7 +89,7 @@ def check_against_file(hf_model, r=None) -> list[dict]:
     """Every Q4_1 tensor and the Q8_0 embedding against the course's float32 weights (a transformers model).
     Per tensor: its largest |file value - course weight| and whether quantizing the course weight again by the
     file's rule (formats.quantize_int4 for Q4_1) gives the file's q, scale and minimum."""
-    from ..formats import quantize_int4
+    from ..runner.formats import quantize_int4
     r = r or reader()
     cfg = hf_model.config
     state = {k: v.detach().float().cpu() for k, v in hf_model.state_dict().items()}

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from ..context import HANDBOOK_QUESTIONS, handbook_messages
-from .timers import median
+from ..text.context import HANDBOOK_QUESTIONS, handbook_messages
+from ..runtime import median
 
 CHATS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?", "Write a haiku about rain.",
          "Give me two tips for sleeping well.", "What is 7 times 8?", "Say hello in Spanish.",
@@ -168,19 +168,21 @@ def summarize(outcomes: list[Outcome], wall: float, ttft_target_s: float, gap_ta
 def decode_gaps(model, prompt: list[int], long_prompt: list[int], token_budget: int | None, pool_blocks: int = 200,
                 warmup: int = 3) -> dict:
     """One running request, then a long prompt arrives: the longest gap between the running request's tokens
-    (seconds), and tokens per second over the whole run, on a PagedBatch with this token budget (None: whole
+    (seconds), and tokens per second over the whole run, on a PagedScheduler with this token budget (None: whole
     prefill). The course's model (model.Model); greedy; runs until both are done."""
-    from ..batching import Job, PagedBatch
-    from ..paged import PagedKVCache
+    from ..engine.generation import step
+    from ..engine.request import Job
+    from ..engine.paged_scheduler import PagedScheduler
+    from ..runner.paged import BlockPool
     short, long = Job("running", list(prompt), 48), Job("arriving", list(long_prompt), 8)
-    batch = PagedBatch(model, PagedKVCache.for_model(model, pool_blocks, prefix_caching=False), token_budget=token_budget)
+    batch = PagedScheduler(model, BlockPool.for_model(model, pool_blocks, prefix_caching=False), token_budget=token_budget)
     batch.add([short])
     stamps, start, arrived = [], time.perf_counter(), False
     while batch.jobs:
         if len(short.tokens) >= warmup and not arrived:
             batch.add([long])
             arrived = True
-        for job, _ in batch.step():
+        for job, _, _, _ in step(batch):
             if job is short:
                 stamps.append(time.perf_counter())
     seconds = time.perf_counter() - start

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from ..forward import run_model
-from ..generation import decode_n, prefill
-from ..long_context import (QuantizedKVCache, cache_bytes_per_token, crossover_tokens, found, long_text_ids,
-                            needle_ids, stream_loss, KV_FORMATS, KV_TILE)
-from .timers import TIMING_TOKEN, best_of, median
+from ..runner.forward import run_model
+from ..engine.generation import generate
+from ..engine.long_context import (QuantizedKVCache, cache_bytes_per_token, crossover_tokens, found, long_text_ids,
+                                   needle_ids, stream_loss, KV_FORMATS, KV_TILE)
+from .timers import TIMING_TOKEN, best_of
+from ..runtime import median
+from .section import Section
 
 
 def filled_cache(model, context: int, bits: int | None = None):
@@ -95,9 +97,7 @@ def needle_grid(model, tokenizer, lengths: list[int], depths: list[float], seed:
         for depth in depths:
             secret = int(torch.randint(1000, 10000, (1,), generator=draw))
             ids = needle_ids(tokenizer, filler, length, depth, secret)
-            logits, cache = prefill(model, [ids], capacity=len(ids) + 16)
-            tokens, _, _ = decode_n(model, logits[0], cache, 16)
-            answer = tokenizer.decode(tokens, skip_special_tokens=True)
+            answer = generate(model, tokenizer, ids, 16, stop_ids=()).text  # 16 greedy tokens, the lessons' loop
             cells.append({"length": len(ids), "asked_length": length, "depth": depth, "secret": secret,
                           "answer": answer.strip(), "found": found(answer, secret)})
     return cells
@@ -107,8 +107,8 @@ def long_context_section(model, tokenizer, quick: bool = False) -> dict:
     """Lesson 17 on the course's model (float32, and the int4 format for its weight bytes): bytes per token of each
     cache format and where the cache outweighs the weights, time per step against context, the strategies past the
     budget and past the model's window, the 8-bit cache's perplexity, capacity and step time, and the needle grid."""
-    from ..formats import convert
-    from ..model import Model
+    from ..runner.formats import convert
+    from ..runner.model import Model
     ours = Model.from_transformers(model if model.dtype == torch.float32 else model.float(), dtype=torch.float32)
     int4 = convert(ours, "int4")
     per_token = {f: cache_bytes_per_token(ours, f) for f in KV_FORMATS}
@@ -175,3 +175,9 @@ def long_context_report(lc: dict) -> list[str]:
             f"long context: caches int8 x{q['int8']['ppl_ratio']:.4f}, int4 x{q['int4']['ppl_ratio']:.4f} perplexity; step "
             + ", ".join(f"{n} {ms:.1f} ms" for n, ms in lc["kv_step_ms"].items()),
             f"long context: needle found {sum(lc['needle'].values())} of {len(lc['needle'])}"]
+
+
+SECTION = Section("long_context", "lesson 17: cache bytes, the end of the window, a quantized cache, the needle",
+                  lambda m, t, q: {"long_context": long_context_section(m, t, q)},
+                  lambda result: long_context_targets(result["long_context"]),
+                  lambda result: long_context_report(result["long_context"]))

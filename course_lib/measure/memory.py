@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ..formats import FORMATS, make_linear
+from ..runner.formats import FORMATS, make_linear
 from .roofline import probe_bytes
 
 

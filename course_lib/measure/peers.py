@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -22,12 +21,13 @@ from .peers_llama import llama_cpp_available, llama_path
 from .quality import perplexity
 from .race import our_step_seconds
 from .compiled import PARTS
-from .timers import best_of, median
+from .timers import best_of, greedy_gaps
+from ..runtime import median
 
 def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_tokens: int = 1024) -> dict:
     """The token IDs every path reads: a chat prompt, a long prompt for prefill, a text for perplexity."""
-    from ..context import chat_ids, filler_ids
-    from ..long_context import long_text_ids
+    from ..text.context import chat_ids, filler_ids
+    from ..engine.long_context import long_text_ids
     prompt = chat_ids(tokenizer, "Write a short story about a lighthouse keeper.", system="You are a helpful assistant.")
     return {"prompt": prompt, "long": filler_ids(tokenizer, long_tokens), "text": long_text_ids(tokenizer)[:text_tokens],
             "n_new": n_new}
@@ -35,7 +35,7 @@ def peer_inputs(tokenizer, n_new: int = 128, long_tokens: int = 1000, text_token
 
 def course_prefill(model, prompt_ids: list[int], repeats: int = 2) -> float:
     """Prefill tokens per second of the course's model: the prompt into a fresh cache, best of `repeats`."""
-    from ..generation import prefill
+    from ..engine.stages import prefill
     seconds, _ = best_of(lambda: prefill(model, prompt_ids, capacity=len(prompt_ids) + 1), repeats, model.device, warmup=0)
     return len(prompt_ids) / seconds
 
@@ -43,16 +43,11 @@ def course_prefill(model, prompt_ids: list[int], repeats: int = 2) -> float:
 @torch.inference_mode()
 def bare_decode(model, prompt_ids: list[int], n_new: int) -> dict:
     """The loop llama_decode runs on llama.cpp, on the course's model: prefill, then argmax of the last logits fed
-    back, n_new times (no picker, no detokenizer, no records). Tokens per second from the median gap."""
-    from ..generation import decode_step, prefill
+    back, n_new times (no picker, no detokenizer, no records; timers.greedy_gaps). Tokens per second from the median
+    gap."""
+    from ..engine.stages import decode_step, prefill
     logits, cache = prefill(model, prompt_ids, capacity=len(prompt_ids) + n_new + 1)
-    tokens, gaps = [], []
-    for _ in range(n_new):
-        start = time.perf_counter()
-        token = int(logits[0].argmax())
-        logits, cache = decode_step(model, [token], cache)
-        gaps.append(time.perf_counter() - start)
-        tokens.append(token)
+    tokens, gaps = greedy_gaps(lambda token: decode_step(model, [token], cache)[0], logits, n_new, model.device)
     return {"tokens": tokens, "tokens_per_s": 1 / median(gaps[1:])}
 
 
@@ -69,10 +64,13 @@ def course_path(model, tokenizer, inputs: dict) -> dict:
 def head_options(reference, tokenizer, inputs: dict, fmt: str = "int4",
                  heads=("float", "int8", "int8-dynamic", "int4"), quality: bool = True) -> list[dict]:
     """The output head (a fifth of the weights) in each kind, the layers in `fmt`: bytes per token, decode tokens
-    per second, and perplexity on the same text (when `quality`). What the default head of `fmt` is chosen from."""
-    from ..formats import convert
+    per second, and perplexity on the same text (when `quality`). What the default head of `fmt` is chosen from.
+    The int8 x int8 head is left out where its kernel is missing or saturates (formats.int8_dynamic_available)."""
+    from ..runner.formats import convert, int8_dynamic_available
     rows = []
     for head in heads:
+        if head == "int8-dynamic" and not int8_dynamic_available():
+            continue
         model = convert(reference, fmt, head=head)
         bare_decode(model, inputs["prompt"], 4)  # warm-up
         row = {"format": fmt, "head": head, "weight_bytes": model.weight_bytes(),
@@ -109,9 +107,9 @@ def peers_run(model, tokenizer, formats: tuple[str, ...] = ("float32", "int8", "
     prompt and the perplexity go through the same ordinary pass as the format's own row; and for those, where the
     compiled step's milliseconds go (`profile`: measure.compiled.step_parts)."""
     from .compiled import compiled_decode, first_difference, step_parts
-    from ..formats import convert
+    from ..runner.formats import convert
     from ..loading import gguf_path
-    from ..model import Model
+    from ..runner.model import Model
     inputs = peer_inputs(tokenizer, n_new)
     reference = Model.from_transformers(model, dtype=torch.float32)
     built = {name: reference if name == "float32" else convert(reference, name) for name in formats}

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..forward import run_model
-from ..model import Model
+from ..runner.forward import run_model
+from ..runner.model import Model
 
 
 @torch.inference_mode()
@@ -83,7 +83,7 @@ def requantized(model: Model, scheme: tuple[int, int, bool], part) -> Model:
     part "layers" (every layer's four matrices), "attention" (q|k|v and o), "feed-forward" (gate|up and down),
     "head" (the output head only: the embedding lookup keeps the file's values) or a layer index."""
     from dataclasses import replace
-    from ..model import Linear
+    from ..runner.model import Linear
     if model.dtype != torch.float32:
         raise ValueError("requantized() starts from the float32 model")
     names = {"attention": ("qkv", "o"), "feed-forward": ("gate_up", "down")}

@@ -15,9 +15,10 @@ from collections import defaultdict
 
 import torch
 
-from ..generation import decode_step, generate, prefill
-from ..runtime import synchronize
-from .timers import TIMING_TOKEN, best_of, median
+from ..engine.stages import decode_step, prefill
+from ..engine.generation import generate
+from ..runtime import median, synchronize
+from .timers import TIMING_TOKEN, best_of
 
 
 def _library_generate(hf_model, prompt_ids: list[int], n_new: int) -> list[int]:
@@ -182,7 +183,7 @@ def layout_gains(model) -> list[dict]:
     faster one token's product reads it stored by columns than by rows on this machine (layout.layout_gain,
     caches emptied), the layout the model holds it in, and for five rows at once how many times faster
     oneDNN is than MKL on it as held (layout.several_rows_gain; None without oneDNN) and the kernel used."""
-    from ..layout import layout_gain, onednn_available, several_rows_gain
+    from ..runner.layout import layout_gain, onednn_available, several_rows_gain
     layer = model.layers[0]
     rows = []
     for name, linear in [("q|k|v", layer.qkv), ("o", layer.o), ("gate|up", layer.gate_up), ("down", layer.down),

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batching import Job, run_schedule
-from ..forward import run_model
-from ..generation import check_request, generate, prefill
-from ..kv_cache import length_of, positions_processed, rollback
-from ..sampling import greedy
-from ..runtime import progress
-from .timers import TIMING_TOKEN, Stopwatch, best_of, median
+from ..engine.request import check_request, Job
+from ..engine.generation import generate, run_schedule
+from ..runner.forward import run_model
+from ..engine.stages import prefill
+from ..runner.kv_cache import length_of, positions_processed, rollback
+from ..engine.sampling import greedy
+from ..runtime import median, progress
+from .timers import TIMING_TOKEN, Stopwatch, best_of
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 What it does: builds the lesson's trace of requests (questions about a 1,100-token handbook, which
 share it as a prefix, mixed with short chat questions, arriving a few steps apart); serves it through
-batching.PagedBatch and reports the memory a contiguous cache would reserve (each request's prompt
+paged_scheduler.PagedScheduler and reports the memory a contiguous cache would reserve (each request's prompt
 plus its whole token allowance, lesson 11's cache) against the blocks the paged cache holds, step by
 step; times the first token of a question with and without a prefix-cache hit; and runs every request
 alone through generation.generate on the contiguous cache, to check the paged runs give the same tokens.
@@ -13,12 +13,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..batching import Job, PagedBatch, run_paged
-from ..context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
-from ..generation import end_of_turn_ids, generate
-from ..kv_cache import model_kv_bytes_per_token
-from ..paged import PagedKVCache, PagedView, blocks_for
-from .timers import median
+from ..engine.request import end_of_turn_ids, Job
+from ..engine.paged_scheduler import PagedScheduler
+from ..engine.generation import generate, run_paged
+from ..text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
+from ..runner.kv_cache import model_kv_bytes_per_token
+from ..runner.paged import BlockPool, PagedCache
+from ..runner.blocks import blocks_for
+from ..runtime import median
+from .section import Section
 
 SHORT_QUESTIONS = ("What is the capital of France?", "Name three colours.", "Why is the sky blue?",
                    "Write a haiku about rain.", "What is 12 times 7?")
@@ -40,8 +43,8 @@ def trace_jobs(model, tokenizer, new_tokens: int = 96) -> tuple[list[Job], list[
 @dataclass
 class TraceRun:
     """One trace served: the scheduler (events, memory log, counters), its pool, the jobs, and the time taken."""
-    batch: PagedBatch
-    pool: PagedKVCache
+    batch: PagedScheduler
+    pool: BlockPool
     jobs: list[Job]
     seconds: float
     bytes_per_token: float
@@ -69,6 +72,13 @@ class TraceRun:
     def tokens_per_s(self) -> float:
         return sum(len(j.tokens) for j in self.jobs) / self.seconds
 
+    def timeline(self) -> dict:
+        """The run as plain data, what plots_perf.plot_paged_runs draws: seconds, (seconds, blocks in use) per step,
+        the scheduler's (seconds, job name, what happened) events, and the counts its title reads."""
+        return {"seconds": self.seconds, "blocks_used": [(t, used) for t, used, _ in self.batch.memory],
+                "events": list(self.batch.events), "finished": self.finished, "tokens_per_s": self.tokens_per_s,
+                "recomputed_tokens": self.batch.recomputed_tokens}
+
     def waits(self) -> dict[str, dict[str, float]]:
         """Per finished job, seconds from its arrival (queued) to its first token and to its end."""
         queued = {}
@@ -89,7 +99,7 @@ def run_trace(model, jobs: list[Job], arrivals: list[int], num_blocks: int, poli
     """Serve the trace on a fresh pool of num_blocks blocks (decode attention `attention`: paged.ATTENTION).
     The jobs are copied: the same list can be run again under another policy."""
     jobs = [Job(j.name, list(j.prompt), j.new_tokens, j.stop_ids, j.pick) for j in jobs]
-    pool = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching, attention=attention)
+    pool = BlockPool.for_model(model, num_blocks, prefix_caching=prefix_caching, attention=attention)
     start = time.perf_counter()
     batch = run_paged(model, jobs, pool, policy, max_batch, arrivals)
     seconds = time.perf_counter() - start
@@ -107,7 +117,7 @@ def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_cachi
                 num_blocks: int = 100) -> list[dict]:
     """Handbook questions asked one after another on one pool: time to first token (admission to the first
     token: the prefill of what is not cached, plus one pick) and how many prompt tokens came from the cache."""
-    pool, rows = PagedKVCache.for_model(model, num_blocks, prefix_caching=prefix_caching), []
+    pool, rows = BlockPool.for_model(model, num_blocks, prefix_caching=prefix_caching), []
     for q in questions:
         job, hits = Job("q", handbook_ids(tokenizer, q), 1), pool.hits
         batch = run_paged(model, [job], pool)
@@ -118,12 +128,12 @@ def prefix_ttft(model, tokenizer, questions=HANDBOOK_QUESTIONS[:4], prefix_cachi
     return rows
 
 
-def gather_seconds(pool: PagedKVCache, seqs, repeats: int = 5) -> float:
+def gather_seconds(pool: BlockPool, seqs, repeats: int = 5) -> float:
     """Seconds to gather these sequences' keys and values from their blocks into one (B, KV, S, D) tensor per
-    layer, as PagedView.write does for a prompt and, with attention="gather", for every decode step (the default
+    layer, as PagedCache.write does for a prompt and, with attention="gather", for every decode step (the default
     decode reads the blocks through the tables instead: lesson 16). The median of `repeats`."""
     from ..runtime import synchronize
-    _, read = PagedView(pool, list(seqs)).slots(0)  # (B, S)
+    _, read = PagedCache(pool, list(seqs)).slots(0)  # (B, S)
     device = pool.keys[0].device
     times = []
     for _ in range(repeats):
@@ -145,7 +155,7 @@ def budget_blocks(run: TraceRun, share: float = 0.85) -> int:
 
 def bench_section(model, tokenizer, quick: bool = False) -> dict:
     """The bench's `paged` section (lesson 13) on the course's own model built on `model`'s weights."""
-    from ..model import Model
+    from ..runner.model import Model
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
     jobs, arrivals = trace_jobs(ours, tokenizer, 8 if quick else 96)
     if quick:
@@ -176,3 +186,32 @@ def bench_section(model, tokenizer, quick: bool = False) -> dict:
         "seconds_preempt": tight["preempt"].seconds, "seconds_reserve": tight["reserve"].seconds,
         "mean_wait_to_end_s": {p: r.mean_wait_to_end() for p, r in tight.items()},
     }
+
+
+def _targets(result: dict) -> list:
+    out = []
+    p = result["paged"]
+    out.append(("paged: same tokens as the contiguous cache (alone, batched, prefix hits, preempted)",
+                str(p["same_tokens"]), p["same_tokens"]))
+    out.append(("paged: at most half the bytes of the contiguous cache on the trace",
+                f"{p['kv_bytes_paged'] / 1e6:.0f} vs {p['kv_bytes_contiguous'] / 1e6:.0f} MB",
+                p["kv_bytes_paged"] <= 0.5 * p["kv_bytes_contiguous"]))
+    out.append((f"paged: a {p['prefix_tokens']}-token prefix hit cuts time to first token at least 3x",
+                f"{p['prefix_ttft_ratio']:.1f}x", p["prefix_ttft_ratio"] >= 3.0))
+    return out
+
+
+def _report(result: dict) -> list:
+    lines = []
+    p = result["paged"]
+    lines.append(f"paged: trace of {p['requests']} requests, peak KV {p['kv_bytes_paged'] / 1e6:.0f} MB paged vs "
+                 f"{p['kv_bytes_contiguous'] / 1e6:.0f} MB contiguous; first token {p['ttft_no_prefix_s']:.3f} s -> "
+                 f"{p['ttft_prefix_s']:.3f} s with a prefix hit ({p['prefix_ttft_ratio']:.1f}x, hit rate "
+                 f"{p['prefix_hit_rate']:.2f}); {p['budget_blocks']} blocks: preempt finished {p['finished_preempt']} "
+                 f"({p['preempted']} preemptions, {p['recomputed_tokens']} tokens recomputed), reject {p['finished_reject']}"
+                 + (f", reserve-and-wait {p['finished_reserve']} in {p['seconds_reserve']:.1f} s against preempt's {p['seconds_preempt']:.1f} s" if 'finished_reserve' in p else ""))
+    return lines
+
+
+SECTION = Section("paged", "lesson 13: paged KV cache, prefix caching, preemption",
+                  lambda m, t, q: {"paged": bench_section(m, t, q)}, _targets, _report)

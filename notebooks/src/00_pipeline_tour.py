@@ -26,9 +26,10 @@ import torch
 import matplotlib.pyplot as plt
 import course_lib
 from course_lib.runtime import stopwatch
-from course_lib.forward import probabilities, top_candidates, entropy_bits
-from course_lib.generation import generate, end_of_turn_ids
-from course_lib import plots
+from course_lib.runner.forward import probabilities, top_candidates, entropy_bits
+from course_lib.engine.generation import generate
+from course_lib.engine.request import end_of_turn_ids
+from course_lib.views import plots
 
 model, tokenizer = course_lib.load_model()
 device = model.device
@@ -168,7 +169,7 @@ print("rank of 'Paris' among the first tokens:", paris_rank if paris_rank else "
 # ## 6. Append and repeat: the loop
 #
 # The chosen token is appended and the model runs again. Thanks to the **KV cache** (lesson 07) the
-# next pass only processes the one new token. `course_lib.generation.generate` is this loop, written
+# next pass only processes the one new token. `course_lib.engine.generation.generate` is this loop, written
 # out: `prefill` once, then `decode_step` per token. It records every step.
 
 # %%

@@ -20,9 +20,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 import course_lib
-from course_lib import plots, html_views
-from course_lib.tokenization import (cl100k, cl100k_tokens, model_tokens, encode, economy, cost,
-                                     piece_lengths, round_trips, train_bpe, bpe_vocab, bpe_encode)
+from course_lib.views import plots, html_views
+from course_lib.text.tokenization import (bpe_encode, bpe_vocab, cl100k, cl100k_tokens, cost, economy, encode,
+                                          model_tokens, piece_lengths, round_trips, train_bpe, word_shapes)
 
 model, tokenizer = course_lib.load_model()
 TEXTS = {p.stem: p.read_text() for p in sorted(Path("../data/texts").glob("*.txt"))}
@@ -70,7 +70,7 @@ display(HTML(html_views.compare(model_tokens(tokenizer, multilingual), cl100k_to
 # replaced by the chips above.)
 
 # %%
-from course_lib.widgets import tokenizer_box
+from course_lib.views.widgets import tokenizer_box
 tokenizer_box(tokenizer)
 
 # %% [markdown]
@@ -162,7 +162,6 @@ for name in ("model", "cl100k"):
 # and how many punctuation marks sit in a token of their own:
 
 # %%
-from course_lib.tokenization import word_shapes
 
 for name in ("english_prose", "french", "python_code"):
     w = word_shapes(tokenizer, TEXTS[name])
@@ -211,7 +210,7 @@ for text in ["café", "東京タワー", "👨‍👩‍👧 family", "  two spa
 #
 # Where does a vocabulary come from? Byte-pair encoding starts from the 256 possible bytes and
 # repeatedly fuses the most frequent neighbouring pair into a new token. `train_bpe` does exactly
-# that in about twenty lines (read it in `course_lib/tokenization.py`). We train it on the English text.
+# that in about twenty lines (read it in `course_lib/text/tokenization.py`). We train it on the English text.
 
 # %%
 merges = train_bpe(TEXTS["english_prose"], num_merges=200)

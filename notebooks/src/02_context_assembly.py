@@ -18,10 +18,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from IPython.display import HTML, display
 import course_lib
-from course_lib import plots, html_views
-from course_lib.context import (render, context_ids, segments, budget_report, fit_to_budget,
-                                validate_messages, ContextOverflowError, STRATEGIES, admits_not_knowing)
-from course_lib.generation import generate
+from course_lib.views import plots, html_views
+from course_lib.text.context import (render, context_ids, segments, budget_report, fit_to_budget, validate_messages,
+                                     ContextOverflowError, STRATEGIES, admits_not_knowing)
+from course_lib.engine.generation import generate
 
 model, tokenizer = course_lib.load_model()
 CONVERSATION = json.loads(Path("../data/conversation.json").read_text())
@@ -219,7 +219,7 @@ print(f"case 4 wrote {tokenizer.eos_token!r} {len(ends)} time(s), first at new t
 # %% [markdown]
 # ## 7. Bad input gets a clear error
 #
-# `course_lib.context` checks messages before the template sees them:
+# `course_lib.text.context` checks messages before the template sees them:
 
 # %%
 for bad in [[], [{"role": "wizard", "content": "hi"}], [{"role": "user", "content": 42}], "hello"]:

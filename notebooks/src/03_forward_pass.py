@@ -16,10 +16,10 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots
-from course_lib.forward import forward_logits, probabilities, top_candidates, entropy_bits
-from course_lib.anatomy import (parameter_map, memory_by_dtype, capture_shapes, layer_outputs,
-                               logit_lens, block_by_hand, flops_per_token)
+from course_lib.views import plots
+from course_lib.runner.forward import forward_logits, probabilities, top_candidates, entropy_bits
+from course_lib.inside.anatomy import (parameter_map, memory_by_dtype, capture_shapes, layer_outputs, logit_lens,
+                                       block_by_hand, flops_per_token)
 from course_lib.loading import GGUF_BYTES
 from course_lib.runtime import time_it
 
@@ -185,8 +185,8 @@ print("top guesses at the last position, layer by layer, before ' Paris':", Coun
 #
 # Here is a whole block written with the model's own weights, in a few lines of `course_lib`:
 # RMSNorm, attention with rotary positions and shared key/value heads, a residual add, RMSNorm, the
-# SwiGLU feed-forward, another residual add. Read `block_by_hand` in `course_lib/forward.py` and
-# `attention_by_hand` in `course_lib/attention.py`. Does it match the library, block for block?
+# SwiGLU feed-forward, another residual add. Read `block_by_hand` in `course_lib/inside/anatomy.py` and
+# `attention_by_hand` in `course_lib/runner/attention.py`. Does it match the library, block for block?
 
 # %%
 for layer in [0, 1, 14, 29]:

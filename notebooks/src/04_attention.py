@@ -20,10 +20,10 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots
-from course_lib.attention import attention_weights, attention_by_hand, kv_groups, top_attended, score_times
-from course_lib.forward import forward_logits, probabilities, top_candidates
-from course_lib.anatomy import layer_outputs
+from course_lib.views import plots
+from course_lib.runner.attention import attention_weights, attention_by_hand, kv_groups, top_attended, score_times
+from course_lib.runner.forward import forward_logits, probabilities, top_candidates
+from course_lib.inside.anatomy import layer_outputs
 
 model, tokenizer = course_lib.load_model(attn_implementation="eager", dtype="float32")  # float32: exact comparisons
 cfg = model.config
@@ -55,7 +55,7 @@ plt.show()
 # Slide through the layers and heads. The numbers are percentages of attention (shown from 10%).
 
 # %%
-from course_lib.widgets import AttentionExplorer
+from course_lib.views.widgets import AttentionExplorer
 explorer = AttentionExplorer(weights, q_tokens, kv_groups(cfg))
 explorer.widget()
 
@@ -160,7 +160,7 @@ print("matches the model's own weights:", torch.allclose(by_hand[head], weights[
       f"(max difference {float((by_hand[head] - weights[layer, head]).abs().max()):.1e})")
 
 # %% [markdown]
-# `attention_by_hand` (in `course_lib/attention.py`) does, for all heads at once: RMSNorm, the query, key
+# `attention_by_hand` (in `course_lib/runner/attention.py`) does, for all heads at once: RMSNorm, the query, key
 # and value projections, rotary positions on queries and keys, sharing each key/value head among three
 # query heads, the scaled scores, the causal mask, the softmax. The toy version of the last steps, on
 # random vectors, fits in three lines:
@@ -223,7 +223,7 @@ print("time ratio per doubling of T:", [round(b / a, 1) for a, b in zip(secs, se
 # decode step with a short and a long cache.
 
 # %%
-from course_lib.measure.bench import decode_seconds
+from course_lib.measure.prefill_decode import decode_seconds
 short, long = decode_seconds(model, tokenizer, [64, 1024], steps=4)
 print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.1f} ms with 1,024; "
       f"the longer cache costs {(long - short) * 1000:+.1f} ms per step "
@@ -237,14 +237,14 @@ print(f"decode step: {short * 1000:.1f} ms with 64 cached tokens, {long * 1000:.
 # tools from interpretability research do it (TransformerLens and ARENA teach them): **ablation**
 # (remove one head's output and measure what the answer loses) and **activation patching** (run a
 # corrupted prompt, copy one piece of the clean run into it, and measure how much of the clean answer
-# comes back). Both run here on the library's model through forward hooks (`course_lib/probes.py`); the
+# comes back). Both run here on the library's model through forward hooks (`course_lib/inside/probes.py`); the
 # weights never change.
 #
 # The question needs a number. The prompt stops right before the answer word, and the metric is the logit
 # of " Paris" minus the logit of " Berlin" at the last position: large and positive means Paris.
 
 # %%
-from course_lib import probes
+from course_lib.inside import probes
 
 clean = probes.answer_ids(tokenizer, "What is the capital of France?", "The capital of France is")
 corrupt = probes.answer_ids(tokenizer, "What is the capital of Germany?", "The capital of Germany is")

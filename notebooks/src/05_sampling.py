@@ -20,12 +20,12 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots
-from course_lib.forward import forward_logits
-from course_lib.context import context_ids
-from course_lib.generation import generate
-from course_lib.sampling import (SamplingConfig, logits_to_probs, reshape, sample, make_sampler,
-                                 top_k_filter)
+from course_lib.views import plots
+from course_lib.runner.forward import forward_logits
+from course_lib.text.context import context_ids
+from course_lib.engine.generation import generate
+from course_lib.engine.sampling import (logits_to_probs, make_sampler, repetition_penalty, reshape, sample,
+                                        SamplingConfig, top_k_filter)
 
 model, tokenizer = course_lib.load_model()
 messages = [{"role": "system", "content": "You are a helpful assistant."},
@@ -100,7 +100,7 @@ plots.one_legend(fig, axes)
 plt.show()
 
 # %% [markdown]
-# Each filter is a few lines in `course_lib/sampling.py`, and the tests check that each gives exactly
+# Each filter is a few lines in `course_lib/engine/sampling.py`, and the tests check that each gives exactly
 # the same result as the matching `transformers` logits processor on the model's logits. Here is
 # top-k written out, next to the library version:
 
@@ -121,7 +121,6 @@ print("same as course_lib:", torch.equal(toy_top_k(logits, 5), top_k_filter(logi
 # before and after a penalty of 1.5:
 
 # %%
-from course_lib.sampling import repetition_penalty
 poem = context_ids(tokenizer, [{"role": "user", "content": "Write a poem about the sea."}])
 plain = generate(model, tokenizer, poem, max_new_tokens=100, stop_ids=())  # greedy, no early stop
 print(repr(plain.text[:200]), "...")
@@ -155,7 +154,7 @@ for name, out in [("penalty 1.0", plain), ("penalty 1.3", less)]:
 # share of each token in orange; "generate" runs the model with your setting and seed.
 
 # %%
-from course_lib.widgets import SamplingExplorer
+from course_lib.views.widgets import SamplingExplorer
 
 def continue_with(config, seed):
     pick = make_sampler(config, seed=seed, history=prompt_ids)

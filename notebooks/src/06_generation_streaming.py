@@ -17,10 +17,11 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import display, Markdown
 import course_lib
-from course_lib import plots
-from course_lib.context import chat_ids
-from course_lib.generation import (generate, stream, naive_pieces,
-                                   IncrementalDecoder, end_of_turn_ids)
+from course_lib.views import plots
+from course_lib.text.context import chat_ids
+from course_lib.engine.generation import generate, stream
+from course_lib.engine.text_out import naive_pieces, IncrementalDecoder
+from course_lib.engine.request import end_of_turn_ids
 
 model, tokenizer = course_lib.load_model()
 question_ids = chat_ids(tokenizer, "What is the capital of France?", system="You are a helpful assistant.")
@@ -40,7 +41,7 @@ for _ in range(8):
 print(repr(tokenizer.decode(ids[len(question_ids):])))
 
 # %% [markdown]
-# `course_lib.generation.generate` is the same loop with three additions: a KV cache (`prefill`
+# `course_lib.engine.generation.generate` is the same loop with three additions: a KV cache (`prefill`
 # once, then `decode_step` with one token at a time; lesson 07 times it), a pluggable `pick` function
 # (lesson 05's samplers), and stop conditions. It records each step:
 
@@ -108,7 +109,7 @@ print("a fixed line, naively:", "|".join(line_pieces), "->", sum("\ufffd" in p f
 # ## 4. Streaming that never breaks a character
 #
 # The fix: keep the token IDs, decode what has arrived, and only send text once its last character is
-# complete. `IncrementalDecoder` (in `course_lib/request.py`, about twenty lines) does it in constant time per
+# complete. `IncrementalDecoder` (in `course_lib/engine/text_out.py`, about twenty lines) does it in constant time per
 # token: it decodes only a short window of recent tokens, with two offsets (where the window starts, and how
 # much of it was already sent):
 

@@ -16,11 +16,11 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots, plots_perf
-from course_lib.context import story_ids, filler_ids
-from course_lib.generation import prefill, decode_step
-from course_lib.kv_cache import (positions_processed, kv_bytes_per_token, model_kv_bytes_per_token, cache_bytes,
-                                 Request, simulate_budget)
+from course_lib.views import plots, plots_perf
+from course_lib.text.context import story_ids, filler_ids
+from course_lib.engine.stages import prefill, decode_step
+from course_lib.runner.kv_cache import positions_processed, kv_bytes_per_token, model_kv_bytes_per_token, cache_bytes
+from course_lib.engine.budget import Request, simulate_budget
 from course_lib.measure.speed import cached_run, uncached_run
 
 model, tokenizer = course_lib.load_model()

@@ -20,14 +20,14 @@ import json
 from pathlib import Path
 import matplotlib.pyplot as plt
 import course_lib
-from course_lib import plots
-from course_lib.measure.bench import decode_timings, memory_bandwidth, prefill_seconds, decode_seconds, prefill_timings, weight_bytes
-from course_lib.kv_cache import model_kv_bytes_per_token
-from course_lib.context import filler_ids
-from course_lib.anatomy import flops_per_token
+from course_lib.views import plots, plots_roofline
+from course_lib.measure.prefill_decode import (decode_timings, memory_bandwidth, prefill_seconds, decode_seconds,
+                                               prefill_timings, weight_bytes)
+from course_lib.runner.kv_cache import model_kv_bytes_per_token
+from course_lib.text.context import filler_ids
+from course_lib.inside.anatomy import flops_per_token
 from course_lib.runtime import describe_device
 import torch
-from course_lib import plots_roofline
 from course_lib.measure.roofline import compute_ceiling, place, probe_bytes, step_work
 
 model, tokenizer = course_lib.load_model()

@@ -17,11 +17,12 @@ import statistics
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots_perf
-from course_lib.batching import left_pad, padding_waste, generate_static, Job, run_schedule
+from course_lib.views import plots_perf
+from course_lib.engine.schedulers import left_pad, padding_waste
+from course_lib.engine.generation import generate, generate_static, run_schedule
+from course_lib.engine.request import Job
 from course_lib.measure.speed import throughput_latency
-from course_lib.context import chat_ids
-from course_lib.generation import generate
+from course_lib.text.context import chat_ids
 
 model, tokenizer = course_lib.load_model()
 questions = ["What is the capital of France?", "Write a short story about a robot who learns to paint.",
@@ -67,7 +68,7 @@ for q, b, a in zip(questions, batched, alone):
 # difference, greedy could pick the other one):
 
 # %%
-from course_lib.forward import run_model
+from course_lib.runner.forward import run_model
 with torch.inference_mode():
     together, _ = run_model(model, batch.input_ids.to(model.device), None, batch.attention_mask, batch.position_ids, keep=1)
 for row, (q, p) in enumerate(zip(questions, prompts)):
@@ -111,8 +112,8 @@ plt.show()
 # sooner the bigger the batch:
 
 # %%
-from course_lib.kv_cache import kv_bytes_per_token
-from course_lib.measure.bench import weight_bytes
+from course_lib.runner.kv_cache import kv_bytes_per_token
+from course_lib.measure.prefill_decode import weight_bytes
 
 cfg = model.config
 w_bytes, per_token = weight_bytes(model), kv_bytes_per_token(cfg.num_hidden_layers, cfg.num_key_value_heads,

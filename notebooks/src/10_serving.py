@@ -23,7 +23,7 @@ import time
 import httpx
 import openai
 import course_lib
-from course_lib.serving import start_server, free_port
+from course_lib.serve.serving import start_server, free_port
 
 model, tokenizer = course_lib.load_model()
 server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=256, max_batch=8)

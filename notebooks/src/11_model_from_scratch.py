@@ -19,7 +19,7 @@
 # The library's model is loaded as in every lesson; ours is built from its tensors (q|k|v and gate|up are
 # fused into one matrix each, so each layer does four matrix products; section 8 explains the order
 # each matrix is stored in).
-# The code lives in `course_lib/model.py` (about 300 lines; `course_lib/layout.py` holds section 8's layout choice): read it beside this notebook.
+# The code lives in `course_lib/runner/model.py` (about 300 lines; `course_lib/runner/layout.py` holds section 8's layout choice): read it beside this notebook.
 
 # %%
 import json
@@ -29,12 +29,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import plots_perf
-from course_lib import model as m
-from course_lib.layout import LAYOUT_GAIN
-from course_lib.context import story_ids, filler_ids
-from course_lib.context import context_ids
-from course_lib.generation import generate, prefill, decode_step
+from course_lib.views import plots_perf
+from course_lib.runner import model as m
+from course_lib.runner.layout import LAYOUT_GAIN
+from course_lib.text.context import context_ids, filler_ids, story_ids
+from course_lib.engine.generation import generate
+from course_lib.engine.stages import prefill, decode_step
 from course_lib.measure.race import race, long_context, decode_profile, layout_gains, our_step_seconds, step_anatomy
 
 model, tokenizer = course_lib.load_model()
@@ -79,7 +79,7 @@ print("largest difference from the library:", float((h[0] - library["norm0"]).ab
 # not on p. We check it on real projections of the prompt's last token.
 
 # %%
-from course_lib.attention import apply_rotary
+from course_lib.runner.attention import apply_rotary
 D = ours.head_dim
 H = ours.heads  # the fused output holds H query heads, then the key heads, then the value heads
 q_raw, k_raw = layer0.qkv(h)[0, -1, :D], layer0.qkv(h)[0, -1, H * D:(H + 1) * D]  # head 0's query, kv head 0's key
@@ -134,7 +134,7 @@ print("our greedy next token:", repr(tokenizer.decode([int(logits[-1].argmax())]
 # Its size follows lesson 07's formula exactly, and we check it against the bytes the tensors hold.
 
 # %%
-from course_lib.kv_cache import model_kv_bytes_per_token
+from course_lib.runner.kv_cache import model_kv_bytes_per_token
 cache = ours.new_cache(1, 64)
 print("keys of layer 0:", tuple(cache.keys[0].shape), "| bytes held:", f"{cache.nbytes():,}",
       "| formula:", f"{64 * model_kv_bytes_per_token(ours.config, ours.dtype):,.0f}")
@@ -329,7 +329,7 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 # ## 10. A step with static shapes, and compiling it
 #
 # Every step of ours reads a slice of the cache one column longer than the step before. For `torch.compile`,
-# which traces a function for the shapes it sees, that is a new shape at every token. `course_lib/static_step.py`
+# which traces a function for the shapes it sees, that is a new shape at every token. `course_lib/runner/static_step.py`
 # writes the same decode step with nothing that depends on the context: the cache allocated once at a fixed
 # capacity and read whole, a mask that hides the columns not written yet, the position given as a tensor, and
 # the new key and value written at that position with `index_copy_` (gpt-fast does the same on a GPU, where the
@@ -337,7 +337,7 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 # masked columns:
 
 # %%
-from course_lib.static_step import StaticStep, compile_available
+from course_lib.runner.static_step import StaticStep, compile_available
 from course_lib.measure.compiled import timed_static_run
 
 n_static = 24

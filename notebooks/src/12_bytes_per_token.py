@@ -24,15 +24,17 @@
 import matplotlib.pyplot as plt
 import torch
 import course_lib
-from course_lib import formats, plots_perf, plots_roofline
-from course_lib.context import chat_ids, story_ids
+from course_lib.runner import formats
+from course_lib.views import plots_perf, plots_roofline
+from course_lib.text.context import chat_ids, story_ids
 from course_lib.measure.race import our_step_seconds, generate_exact
 from course_lib.measure.memory import kernel_bandwidth, read_bandwidth
-from course_lib.measure.quality import agreement, perplexity
-from course_lib.generation import generate, prefill
+from course_lib.measure.quality import agreement, bits_per_weight, perplexity, requantized, SCHEMES
+from course_lib.engine.generation import generate
+from course_lib.engine.stages import prefill
 from course_lib.loading import GGUF_BYTES
-from course_lib.model import Model
-from course_lib.runtime import cpu_lesson, progress, time_it
+from course_lib.runner.model import Model
+from course_lib.runtime import cpu_bfloat16, cpu_lesson, progress, time_it
 
 torch.set_num_threads(1)
 device = cpu_lesson("torch's 4-bit kernel here is a CPU kernel, and every format starts from the float32 model")
@@ -62,8 +64,10 @@ for name, m in models.items():
 
 # %% [markdown]
 # `int4-float32` reads more than `int4`: it keeps the head in float32 so that its numbers are exactly the
-# course model's (section 5). `int4` stores the head in 8 bits, as the file itself does (`int8-dynamic`: section 7
-# says why it also rounds the head's input).
+# course model's (section 5). `int4` stores the head in 8 bits, as the file itself does. Read its head column:
+# `int8-dynamic` (which also rounds the head's input: section 7 says why) where oneDNN's integer product is exact
+# on this CPU, the weight-only `int8` where it is missing or saturates (a CPU without VNNI instructions adds the
+# products in pairs into 16-bit sums: `formats.int8_dynamic_available` tries exactly that case).
 #
 # ## 2. The 4-bit weights are the file's own blocks
 #
@@ -73,7 +77,7 @@ for name, m in models.items():
 # one float16 scale. Here is the first block of layer 0's `down` matrix, byte by byte, read from the file:
 
 # %%
-from course_lib.measure import gguf_file
+from course_lib.measure import gguf_file, peers_llama
 
 raw = gguf_file.raw_block("blk.0.ffn_down.weight", row=0, block=0)
 print(f"{raw['type']} block, {len(raw['bytes'])} bytes:", raw["bytes"].hex(" "))
@@ -177,7 +181,7 @@ for name in ["float32", "bfloat16", "int8", "int4"]:
 # *Pride and Prejudice*, which the course ships (`data/long/`). It needs no reference model.
 
 # %%
-from course_lib.long_context import long_text_ids
+from course_lib.engine.long_context import long_text_ids
 
 text_ids = long_text_ids(tokenizer, 512)
 ppl = {}
@@ -244,7 +248,6 @@ for label, m in parts.items():
 # values). The first row applies the file's own rule again: on the layers it must change nothing.
 
 # %%
-from course_lib.measure.quality import SCHEMES, bits_per_weight, requantized
 
 print(f"{'scheme':<36} {'bits/weight':>11} {'layers':>10} {'head':>10}   (float32: {ppl['float32']:.3f})")
 rounded = {}
@@ -293,7 +296,6 @@ plt.show()
 # kernels are built for one row and unpack every weight again for each block of rows.
 
 # %%
-from course_lib.runtime import cpu_bfloat16
 
 print("bfloat16 instructions on this CPU:", cpu_bfloat16(), "| threads:", torch.get_num_threads())
 long_prompt = prompts[0] * 4  # about 100 tokens
@@ -312,8 +314,8 @@ print(f"in this run: fastest prefill {fastest}; bfloat16 at {prefill_ms['float32
 # token plus attention's own; its bytes are the weights in its format plus the KV cache at that context.
 
 # %%
-from course_lib.anatomy import flops_per_token
-from course_lib.kv_cache import model_kv_bytes_per_token
+from course_lib.inside.anatomy import flops_per_token
+from course_lib.runner.kv_cache import model_kv_bytes_per_token
 from course_lib.measure.roofline import compute_ceiling, place, step_work
 
 peaks = {n: compute_ceiling(d) for n, d in [("float32", torch.float32), ("bfloat16", torch.bfloat16)]}
@@ -360,7 +362,6 @@ plt.show()
 # %%
 import json
 from pathlib import Path
-from course_lib.measure import peers_llama
 from course_lib.measure.peers import bare_decode, describe, sitting_lines
 
 records = sorted(Path("../data/benchmarks").glob("peers-cpu-*.json"))

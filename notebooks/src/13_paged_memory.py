@@ -18,8 +18,8 @@
 # ## Set-up
 #
 # The course's own model (lesson 11) on the library's weights. The paged cache lives in
-# `course_lib/paged.py` (the block manager and the pool), the scheduler in `course_lib/batching.py`
-# (`PagedBatch`), the lesson's experiments in `course_lib/measure/trace.py` and the load generator in
+# `course_lib/runner/blocks.py` (the block manager) and `course_lib/runner/paged.py` (the pool and the paged
+# cache), the scheduler in `course_lib/engine/paged_scheduler.py` (`PagedScheduler`), the lesson's experiments in `course_lib/measure/trace.py` and the load generator in
 # `course_lib/measure/load.py`: read them beside this notebook.
 
 # %%
@@ -28,14 +28,17 @@ import matplotlib.pyplot as plt
 import torch
 import course_lib
 from IPython.display import display
-from course_lib import paged, plots, plots_perf, widgets
+from course_lib.runner import paged
+from course_lib.views import plots, plots_perf, widgets
 from course_lib.runtime import progress
 from course_lib.measure import trace as paged_runs
-from course_lib.batching import Job, PagedBatch, run_paged
-from course_lib.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
-from course_lib.generation import decode_step, end_of_turn_ids, prefill
-from course_lib.kv_cache import model_kv_bytes_per_token
-from course_lib.model import Model
+from course_lib.engine.request import end_of_turn_ids, Job
+from course_lib.engine.paged_scheduler import PagedScheduler
+from course_lib.engine.generation import run_paged, step
+from course_lib.text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids, handbook_messages
+from course_lib.engine.stages import decode_step, prefill
+from course_lib.runner.kv_cache import model_kv_bytes_per_token
+from course_lib.runner.model import Model
 
 model, tokenizer = course_lib.load_model()
 ours = Model.from_transformers(model)
@@ -122,12 +125,12 @@ print(f"least memory with blocks of {least['block_size']} token(s); blocks of 16
 # the number in it the physical block of the pool. Blue cells are held by more than one sequence.
 
 # %%
-pool = paged.PagedKVCache.for_model(ours, num_blocks=100)
-batch = PagedBatch(ours, pool)
+pool = paged.BlockPool.for_model(ours, num_blocks=100)
+batch = PagedScheduler(ours, pool)
 names = ["handbook-1", "handbook-2", "handbook-3", "short-1"]
 batch.add([Job(n, j.prompt, 8, stop) for n in names for j in jobs if j.name == n])
 for _ in range(4):
-    batch.step()
+    step(batch)
 tables = {n: list(batch.seqs[n].blocks) for n in names}
 plots_perf.plot_block_tables(tables, pool.manager.ref)
 plt.show()
@@ -136,7 +139,7 @@ print("blocks in use:", pool.manager.num_used, "| held by two or more sequences:
 step_times = []
 for _ in range(3):  # three more decode steps for the four; the median
     start = time.perf_counter()
-    batch.step()
+    step(batch)
     step_times.append(time.perf_counter() - start)
 step_s = sorted(step_times)[1]
 gather_s = paged_runs.gather_seconds(pool, [batch.seqs[n] for n in names])
@@ -150,7 +153,7 @@ print(f"one decode step for the four: {step_s * 1000:.0f} ms (median of 3); copy
 # own:
 
 # %%
-demo = paged.PagedKVCache.for_model(ours, num_blocks=8)
+demo = paged.BlockPool.for_model(ours, num_blocks=8)
 short, longer = paged.Sequence(list(range(100, 120))), paged.Sequence(list(range(200, 240)))
 for seq in (short, longer):
     demo.admit(seq)
@@ -178,7 +181,7 @@ print("read matrix (rows, columns):", tuple(read.shape), "| the short row's firs
 # likeliest first tokens, four steps:
 
 # %%
-forks = paged.PagedKVCache.for_model(ours, num_blocks=100)
+forks = paged.BlockPool.for_model(ours, num_blocks=100)
 first_branch = paged.Sequence(handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0]))
 forks.admit(first_branch)
 forks.grow(first_branch, len(first_branch.tokens))
@@ -215,7 +218,7 @@ short = [paged.prefix_hashes(chat_ids(tokenizer, q))[0] for q in ("Name three co
 print("two short questions share their first block (the template's default system prompt):", short[0] == short[1])
 for job in list(batch.running):
     job.cancelled = True
-batch.step()  # cancelled: their blocks go back to the pool
+step(batch)  # cancelled: their blocks go back to the pool
 print("after they leave: blocks in use", pool.manager.num_used, "| still cached for the next prompt:",
       len(pool.manager.by_hash))
 
@@ -261,7 +264,7 @@ plt.show()
 # the first and third from one user:
 
 # %%
-salted = paged.PagedKVCache.for_model(ours, num_blocks=200)
+salted = paged.BlockPool.for_model(ours, num_blocks=200)
 for i, user in enumerate(["alice", "bob", "alice"]):
     before = salted.hits
     run_paged(ours, [Job(f"{user}-{i}", handbook_ids(tokenizer, HANDBOOK_QUESTIONS[i]), 1, stop, cache_salt=user)],
@@ -280,7 +283,7 @@ for i, user in enumerate(["alice", "bob", "alice"]):
 # ## 4. A full pool: wait, preempt, or turn away
 #
 # Now the same trace on a pool smaller than its peak (but big enough for its longest request alone).
-# Three policies, all in `PagedBatch`:
+# Three policies, all in `PagedScheduler`:
 #
 # - **reserve** (reserve-and-wait, what a server without preemption does): admit a request only once blocks
 #   for its prompt and its whole allowance can be reserved; until then it waits in the queue. No running
@@ -311,7 +314,7 @@ print(f"at equal completion ({runs['reserve'].finished} and {runs['preempt'].fin
       f"({runs['reserve'].seconds:.1f} s reserve, {runs['preempt'].seconds:.1f} s preempt)")
 
 # %%
-plots_perf.plot_paged_runs(runs, budget, [j.name for j in jobs])
+plots_perf.plot_paged_runs({p: r.timeline() for p, r in runs.items()}, budget, [j.name for j in jobs])
 plt.show()
 
 # %% [markdown]
@@ -349,7 +352,7 @@ print({j.name: j.tokens == alone[j.name] for j in check})
 
 # %%
 import httpx
-from course_lib.serving import free_port, start_server
+from course_lib.serve.serving import free_port, start_server
 
 server = start_server(ours, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
 for q in HANDBOOK_QUESTIONS[:2]:  # the messages a client sends: the handbook as the system prompt, then the question
@@ -374,7 +377,7 @@ server.stop()
 # the whole run, for several budgets (`None`: the whole prompt in one step, as before).
 
 # %%
-from course_lib.measure.load import decode_gaps
+from course_lib.measure.load import decode_gaps, replay, summarize, TraceRequest
 
 story = chat_ids(tokenizer, "Write a short story about a robot who learns to paint.")
 document = handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
@@ -406,7 +409,6 @@ plt.show()
 # answers.
 
 # %%
-from course_lib.measure.load import TraceRequest, replay, summarize
 
 chat = lambda i, at, q: TraceRequest(f"chat-{i}", "chat", at, [{"role": "user", "content": q}], 32)  # noqa: E731
 trace = [chat(0, 0.0, "Name three colours."), chat(1, 0.2, "Why is the sky blue?"),

@@ -19,14 +19,17 @@
 import torch
 from IPython.display import HTML, display
 import course_lib
-from course_lib import formats, html_views
-from course_lib.context import chat_ids, edit_ids, story_ids
+from course_lib.runner import formats
+from course_lib.views import html_views
+from course_lib.text.context import chat_ids, edit_ids, story_ids
 from course_lib.measure.race import generate_exact
-from course_lib.generation import generate, prefill
-from course_lib.model import Model
-from course_lib.runtime import cpu_lesson, progress
-from course_lib.speculative import (ModelDrafter, PromptLookup, early_exit, verify, expected_tokens_per_verify,
-                                    accept_or_resample)
+from course_lib.engine.generation import generate
+from course_lib.engine.stages import prefill, verify
+from course_lib.runner.model import Model
+from course_lib.runtime import cpu_lesson, progress, time_it
+from course_lib.engine.speculative import (acceptance, early_exit, expected_tokens_per_verify, ModelDrafter,
+                                           PromptLookup)
+from course_lib.engine.sampling import accept_or_resample, logits_to_probs, make_sampler, SamplingConfig
 from course_lib.measure.speed import verify_cost
 
 torch.set_num_threads(1)  # one thread, set explicitly, as in lesson 12
@@ -105,7 +108,6 @@ for name, make in progress(drafters.items(), "drafters", total=len(drafters)):
 # median of three runs of each.
 
 # %%
-from course_lib.runtime import time_it
 
 def median_run(fn):
     """One warm-up, then the median of three runs: (seconds, the last run's result)."""
@@ -243,7 +245,7 @@ print("fastest in this run:", max([("float32 alone", base["edit"]), ("float32 + 
 # probabilities: 4,000 draws of the rule against p itself, for a drafter that always proposes token 2.
 
 # %%
-from course_lib.forward import forward_logits
+from course_lib.runner.forward import forward_logits
 p = torch.softmax(forward_logits(ours, edit)[0, -1].topk(8).values, -1)  # the model's top 8, renormalized
 q = torch.nn.functional.one_hot(torch.tensor(2), 8).float().to(p.device)  # a drafter that always proposes token 2
 g = torch.Generator(device=p.device).manual_seed(0)
@@ -264,8 +266,6 @@ print("rule draws: ", [round(float(x), 3) for x in draws])
 
 # %%
 from course_lib.measure.quality import log_probs
-from course_lib.sampling import SamplingConfig, logits_to_probs, make_sampler
-from course_lib.speculative import acceptance
 
 sequence = story + plain["story"]
 p_logits, q_logits = log_probs(ours, sequence)[len(story) - 1:-1], log_probs(int4, sequence)[len(story) - 1:-1]

@@ -29,11 +29,11 @@ import jsonschema
 import torch
 from IPython.display import HTML, display
 import course_lib
-from course_lib.context import chat_ids
-from course_lib.generation import generate
+from course_lib.text.context import chat_ids
+from course_lib.engine.generation import generate
 from course_lib.runtime import progress
-from course_lib.structured import (ChoiceMask, PatternMask, SchemaMask, MaskLog, masked_pick, generate_json,
-                                   token_texts, RECEIPT_SCHEMA, receipts, receipt_request, SchemaError)
+from course_lib.engine.structured import (ChoiceMask, PatternMask, SchemaMask, MaskLog, masked_pick, generate_json,
+                                          token_texts, RECEIPT_SCHEMA, receipts, receipt_request, SchemaError)
 
 model, tokenizer = course_lib.load_model()
 texts = token_texts(tokenizer)  # the decoded text of every token, computed once
@@ -161,7 +161,7 @@ print("6 tokens:", repr(short.text), "| complete:", short.complete, "| value:", 
 
 # %%
 import openai
-from course_lib.serving import free_port, start_server
+from course_lib.serve.serving import free_port, start_server
 
 server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=96)
 client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", timeout=120, max_retries=0)

@@ -27,16 +27,17 @@ import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
 import course_lib
-from course_lib import plots_kernels
-from course_lib.attention_kernels import (attention_traffic, decode_plan, merge, online_softmax, paged_decode, paged_decode_by_hand,
-                                          partial_attention, score_matrix_bytes, tiled_attention,
-                                          written_out_attention)
-from course_lib.context import HANDBOOK_QUESTIONS, handbook_ids
-from course_lib.forward import run_model
-from course_lib.kv_cache import model_kv_bytes_per_token
+from course_lib.views import plots_kernels
+from course_lib.runner.attention_kernels import (attention_traffic, decode_plan, merge, online_softmax, paged_decode,
+                                                 paged_decode_by_hand, partial_attention, score_matrix_bytes,
+                                                 tiled_attention, written_out_attention)
+from course_lib.text.context import HANDBOOK_QUESTIONS, handbook_ids
+from course_lib.runner.forward import run_model
+from course_lib.runner.kv_cache import model_kv_bytes_per_token
 from course_lib.measure.attention import layer_shaped, peak_bytes, step_times
-from course_lib.model import Model, layer_qkv
-from course_lib.paged import PagedKVCache, Sequence
+from course_lib.runner.model import Model, layer_qkv
+from course_lib.runner.paged import BlockPool
+from course_lib.runner.blocks import Sequence
 
 torch.set_num_threads(1)  # one thread, set explicitly: the timings below compare paths within this run
 model, tokenizer = course_lib.load_model()
@@ -191,7 +192,7 @@ for n in (4096, 8192):  # counted from the shapes: what each version moves to an
 # after many requests), then its last query of layer 10 walks the table:
 
 # %%
-pool = PagedKVCache.for_model(ours, num_blocks=40, block_size=64)
+pool = BlockPool.for_model(ours, num_blocks=40, block_size=64)
 pool.manager.shuffle(seed=0)
 seq = Sequence(list(ids))
 pool.grow(seq, len(ids))
@@ -232,7 +233,7 @@ for tile_tokens, splits in [(1024, 1), (128, 1), (128, 4)]:
 # %% [markdown]
 # ## 6. Through the tables against the gather
 #
-# The paged cache (`PagedKVCache(attention=...)`) runs decode either way: "paged", through the block tables
+# The paged cache (`BlockPool(attention=...)`) runs decode either way: "paged", through the block tables
 # (the default now), or "gather", the copy, kept as the reference the tests compare against. One whole
 # decode step of the model, 4 rows with their blocks scattered over the pool, at growing context and at
 # several block sizes. The keys and values are random numbers here (a step's time does not depend on

@@ -26,13 +26,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import course_lib
-from course_lib import plots_long
-from course_lib.formats import convert
-from course_lib.long_context import (KV_FORMATS, LONG_TEXT, cache_bytes_per_token, crossover_tokens,
-                                     dequantize_rows, first_token_share, long_text_ids, quantize_rows, stream_loss)
+from course_lib.views import plots_long
+from course_lib.runner.formats import convert
+from course_lib.engine.long_context import (KV_FORMATS, LONG_TEXT, cache_bytes_per_token, crossover_tokens,
+                                            dequantize_rows, first_token_share, long_text_ids, quantize_rows,
+                                            stream_loss)
 from course_lib.measure.long_context import kv_quality, needle_grid, step_curve, step_ms
-from course_lib.measure.timers import median
-from course_lib.model import Model, layer_qkv
+from course_lib.runtime import median
+from course_lib.runner.model import Model, layer_qkv
 
 torch.set_num_threads(1)  # one thread, set explicitly: the timings below compare within this run
 model, tokenizer = course_lib.load_model()

@@ -1,0 +1,93 @@
+"""The fast path measured as the engine runs it (issue: the fast path is the engine): `generate` with the compiled
+step against the eager one, and what a decode step of B rows costs against one row.
+
+What it does: `compiled_generate` times the course's whole loop (generation.generate: prefill, picker, records,
+detokenizer) on the int4 format, eagerly and with `compiled=True` (runner.compiled.CompiledRunner, its bucket
+compiled in an untimed warm-up), alternating, best of `repeats`, and compares the tokens. `batch_scaling` times one
+decode step of B rows (B = 1, 2, 4, 8, a cache of `context` tokens) through the engine's eager step and through
+the compiled static step, and gives tokens per second (B / the median step).
+What it does not do: decide anything; the bench's engine section reports these under `compiled_generate` and
+`batch_scaling`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..engine.generation import generate
+from ..engine.stages import decode_step, prefill
+from ..runner.compiled import CompiledRunner, bucket
+from ..runner.static_step import StaticDecode, compile_available
+from ..runtime import median, synchronize
+from .compiled import first_difference
+from .timers import TIMING_TOKEN, best_of
+
+
+def compiled_generate(model, tokenizer, prompt: list[int], n: int, repeats: int = 3, compile: bool = True) -> dict:
+    """Tokens per second of generate(model, ..., n tokens, no early stop) eagerly and compiled (the whole call,
+    prefill included), the best of `repeats` each, alternating; the compile time of the first (warm-up) call; the
+    tokens of both and where they part. compile=False runs the static steps uncompiled (a quick check of the
+    plumbing, not of the speed)."""
+    can, why = compile_available()
+    runner = CompiledRunner(model, compile=compile and can)
+    synchronize(model.device)
+    start = time.perf_counter()
+    first = generate(runner, tokenizer, prompt, n, stop_ids=())  # compiles its bucket
+    compile_s = time.perf_counter() - start
+    want = generate(model, tokenizer, prompt, n, stop_ids=())  # warm-up of the eager side, and its tokens
+    eager_s, compiled_s = [], []
+    for _ in range(repeats):
+        for side, runs in ((model, eager_s), (runner, compiled_s)):
+            synchronize(model.device)
+            start = time.perf_counter()
+            generate(side, tokenizer, prompt, n, stop_ids=())
+            runs.append(time.perf_counter() - start)
+    eager_tps, compiled_tps = n / min(eager_s), n / min(compiled_s)
+    return {"threads": torch.get_num_threads(), "new_tokens": n, "prompt_tokens": len(prompt),
+            "compiled": compile and can, "why_not": "" if compile and can else (why or "not asked (--quick)"),
+            "capacity": bucket(len(prompt) + n, model.config.max_position_embeddings), "compile_s": compile_s,
+            "eager_tokens_per_s": eager_tps, "compiled_tokens_per_s": compiled_tps, "speedup": compiled_tps / eager_tps,
+            "eager_runs_s": eager_s, "compiled_runs_s": compiled_s,
+            "same_tokens": first.token_ids == want.token_ids,
+            "first_difference": first_difference(first.token_ids, want.token_ids)}
+
+
+def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, steps: int = 9,
+                  compile: bool = True) -> dict:
+    """One decode step of B rows over a cache of `context` tokens, eager (the engine's decode_step) and through the
+    compiled static step: the median of `steps` steps after one warm-up, and tokens per second (B rows / step).
+    The rows hold the same prompt (their weights are read once either way; their attention reads each row's own
+    columns)."""
+    can, why = compile_available()
+    compile = compile and can
+    capacity = bucket(context + steps + 2, model.config.max_position_embeddings)
+    ids = (list(range(100, 100 + context)) * 2)[:context]
+    rows = {"eager": {}, "compiled": {}}
+    for B in batches:
+        _, cache = prefill(model, torch.tensor([ids] * B), capacity=capacity)  # (B, context) in one pass
+        start = cache.length
+        times = []
+        for _ in range(steps + 1):
+            seconds, _ = best_of(lambda: decode_step(model, [TIMING_TOKEN] * B, cache), 1, model.device, warmup=0)
+            times.append(seconds)
+        cache.length = start
+        rows["eager"][B] = _row(B, times[1:])
+        run = StaticDecode(model, B, cache.capacity, compile=compile)
+        times = []
+        for _ in range(steps + 1):
+            seconds, _ = best_of(lambda: run([TIMING_TOKEN] * B, cache), 1, model.device, warmup=0)
+            times.append(seconds)
+        rows["compiled"][B] = _row(B, times[1:]) | {"compile_s": run.compile_seconds}
+    out = {"threads": torch.get_num_threads(), "context": context, "capacity": capacity, "compiled": compile,
+           "why_not": "" if compile else (why or "not asked (--quick)"), **rows}
+    for side in ("eager", "compiled"):
+        one = rows[side][batches[0]]["tokens_per_s"]
+        out[f"{side}_scaling"] = {B: rows[side][B]["tokens_per_s"] / one for B in batches}
+    return out
+
+
+def _row(B: int, seconds: list[float]) -> dict:
+    ms = 1000 * median(seconds)
+    return {"rows": B, "step_ms": ms, "step_ms_min": 1000 * min(seconds), "step_ms_max": 1000 * max(seconds),
+            "tokens_per_s": 1000 * B / ms}

@@ -1,0 +1,240 @@
+"""Weight formats (lesson 12): the same model with fewer bytes per weight, as a different linear layer.
+
+What it does: quantizes weight matrices (int8 with one scale per output channel; 4-bit in groups of
+32 with a scale and a minimum per group, the GGUF file's own Q4_1 layout) and wraps each format in a
+linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8 weights cast back to
+float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`),
+`Int8DynamicLinear` (int8 weights times activations rounded to 8 bits per row, oneDNN's integer product: the
+int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)`
+returns the model in one of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the
+server run it as any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
+measure/quality.py for agreement and perplexity.)
+Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
+with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
+the file), so the 4-bit formats lose nothing but rounding.
+What it does not do: calibrate, quantize activations (except the int4 format's head, per row at each call) or
+the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU (both are CPU kernels; CUDA gets float32,
+bfloat16 and int8-cast).
+Note: the fused kernels are torch's private operators (`torch._weight_int8pack_mm`,
+`torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`, `torch.ops.onednn.qlinear_*`):
+they may change between releases, which the pinned torch (2.13.0) guards against; tests/test_formats.py checks
+each against its dequantized weights.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+from .model import Linear, Model
+
+
+
+def int8_dynamic_available() -> bool:
+    """Whether oneDNN's int8 x int8 product runs here and is exact. Some torch builds lack it (some ARM builds); and
+    on an x86 CPU without VNNI (AVX2 only: measured on an AMD EPYC, 2026-12-03) its u8 x s8 path adds the products
+    in pairs into 16-bit sums that saturate, so a row of 255s times weights of 127 comes out at half its value.
+    The probe asks for exactly that product and compares it with the integer answer."""
+    try:
+        packed = torch.ops.onednn.qlinear_prepack(torch.full((2, 64), 127, dtype=torch.int8), [1, 64])
+        out = torch.ops.onednn.qlinear_pointwise.tensor(torch.full((1, 64), 255, dtype=torch.uint8), torch.tensor(1.0),
+                                                        torch.tensor(0), packed, torch.ones(2),
+                                                        torch.zeros(2, dtype=torch.long), None, 1.0, 0, torch.float32,
+                                                        "none", [], "")
+        return bool((out == 255 * 127 * 64).all())
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+
+
+# note: the int4 format's head rounds its input to 8 bits too where oneDNN's integer product runs (lesson 12,
+# section 7: faster, for a perplexity within 0.1% of the weight-only int8 head); elsewhere the weight-only one
+INT4_HEAD = "int8-dynamic" if int8_dynamic_available() else "int8"
+# name -> (activation dtype, layer kind, head kind). The head is the tied embedding as a matrix product.
+FORMATS = {
+    "float32": (torch.float32, "float", "float"),
+    "bfloat16": (torch.bfloat16, "float", "float"),
+    "int8-cast": (torch.float32, "int8-cast", "int8-cast"),
+    "int8": (torch.bfloat16, "int8", "int8"),
+    "int4-float32": (torch.float32, "int4", "float"),
+    "int4": (torch.bfloat16, "int4", INT4_HEAD),
+}
+GROUP = 32  # the file's Q4_1 block: 32 weights share a scale and a minimum
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8, one scale per output row. w (N, K) -> (int8 (N, K), scale (N,)); w ~ q * scale."""
+    scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
+    q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric 4-bit per group of `group` weights along K: w ~ q * scale + minimum, q in 0..15.
+    w (N, K) -> (q int32 (N, K), scale (N, K/group), minimum (N, K/group)). This is Q4_1's rule."""
+    N, K = w.shape
+    if K % group:
+        raise ValueError(f"the input size {K} is not a multiple of the group size {group}")
+    blocks = w.float().reshape(N, K // group, group)  # (N, K/G, G)
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (N, K/G)
+    scale = ((high - low) / 15).clamp(min=1e-12)
+    q = torch.round((blocks - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    return q.reshape(N, K), scale, low
+
+
+def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """The float weights the 4-bit numbers stand for: q * scale + minimum, per group. (N, K) float32."""
+    N, K = q.shape
+    blocks = q.reshape(N, K // group, group).float() * scale[..., None] + minimum[..., None]
+    return blocks.reshape(N, K)
+
+
+class CastInt8Linear:
+    """int8 weights stored, cast back to float at every call, then an ordinary product (the slow trap:
+    the cast writes a full float matrix each time, so more bytes move than with float weights)."""
+    format = "int8-cast"
+
+    def __init__(self, weight: torch.Tensor):
+        self.q, self.scale = quantize_int8(weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.q.to(x.dtype) * self.scale.to(x.dtype)[:, None])
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() + self.scale.numel() * self.scale.element_size()
+
+    @property
+    def in_features(self) -> int:
+        return self.q.shape[1]
+
+
+class Int8Linear(CastInt8Linear):
+    """int8 weights, one scale per output channel, multiplied by torch's fused weight-only kernel."""
+    format = "int8"
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        super().__init__(weight)
+        self.scale = self.scale.to(dtype)  # note: the kernel wants scales in the activations' dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (B*T, K)
+        return torch._weight_int8pack_mm(flat, self.q, self.scale).reshape(*x.shape[:-1], self.q.shape[0])
+
+
+class Int8DynamicLinear:
+    """int8 weights (one scale per output channel) times 8-bit activations: each row of x is rounded to 256
+    levels between its own minimum and maximum at every call (dynamic quantization: uint8 q = x / s + z), and
+    oneDNN's integer product (`torch.ops.onednn.qlinear_pointwise`, the kernel torch's compiler uses for int8
+    models on x86) reads the weights with the CPU's integer dot-product instructions (VNNI where there are).
+    All rows go in one call: the kernel sees q with no zero point, and each row's s and z are applied after,
+    out = s * (q @ W.T - z * W.sum(1)), exact algebra. Unlike Int8Linear it rounds the activations too. CPU
+    only; lesson 12 measures it as the output head."""
+    format = "int8-dynamic"
+    compiles = False  # note: torch.compile's lowering wants the packed weight as a module constant: called eagerly
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
+        if weight.device.type != "cpu":
+            raise ValueError("the int8 x int8 kernel used here (oneDNN's qlinear) runs on the CPU only")
+        if not int8_dynamic_available():
+            raise RuntimeError("oneDNN's int8 x int8 product is missing here, or saturates (a CPU without VNNI): "
+                               "use the weight-only int8 head (kind 'int8'), formats.INT4_HEAD on this machine")
+        q, self.scale = quantize_int8(weight)  # (N, K) int8, (N,) float32
+        self.dtype, (self.out_features, self._in_features) = dtype, q.shape
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [1, q.shape[1]])  # oneDNN's own copy, in its own layout
+        self.zeros = torch.zeros(q.shape[0], dtype=torch.long)
+        self.row_sums = q.float().sum(dim=1) * self.scale  # (N,): each output's weights summed, dequantized
+        self.one, self.none = torch.tensor(1.0), torch.tensor(0)
+        # note: q itself is not kept (the packed copy is what the kernel reads): 28 MB less for SmolLM2's head
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self._in_features:  # note: oneDNN's own message for this names none of the shapes
+            raise ValueError(f"this layer takes vectors of {self._in_features}, got shape {tuple(x.shape)}")
+        flat = x.reshape(-1, x.shape[-1]).float()  # (R, K)
+        low, high = flat.amin(dim=1, keepdim=True).clamp(max=0), flat.amax(dim=1, keepdim=True).clamp(min=0)
+        scale = ((high - low) / 255).clamp(min=1e-12)  # (R, 1): one per row
+        zero = torch.round(-low / scale)  # (R, 1): the level that stands for 0
+        q = (torch.round(flat / scale) + zero).clamp(0, 255).to(torch.uint8)  # (R, K)
+        out = torch.ops.onednn.qlinear_pointwise.tensor(q, self.one, self.none, self.packed, self.scale, self.zeros,
+                                                        None, 1.0, 0, torch.float32, "none", [], "")  # (R, N)
+        out = scale * (out - zero * self.row_sums)
+        return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        """The int8 weights, and two float32 numbers per row (its scale and its sum)."""
+        return self.out_features * self._in_features + (self.scale.numel() + self.row_sums.numel()) * 4
+
+    @property
+    def in_features(self) -> int:
+        return self._in_features
+
+
+class Int4Linear:
+    """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel."""
+    format = "int4"
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP):
+        if weight.device.type != "cpu":
+            raise ValueError("the 4-bit kernel used here (torch._weight_int4pack_mm_for_cpu) runs on the CPU only; "
+                             "on a GPU use 'bfloat16' or 'int8-cast'")
+        q, scale, low = quantize_int4(weight, group)
+        self.group, self.out_features, self.in_features = group, weight.shape[0], weight.shape[1]
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8: two weights per byte
+        # subtle: the kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale
+        self.scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.blocks = None
+        if dtype == torch.float32:
+            # note: with float32 activations the fused kernel costs about 1.5 ms per row for a 1536 x 576 matrix,
+            # fine for one decode row, ruinous for a prefill of hundreds. For several rows we dequantize the
+            # same 4-bit numbers to a float matrix and use the ordinary product (what engines do for prefill).
+            self.blocks = ((q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), scale, low)  # (N, K/2), (N, K/G) x2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # (B*T, K)
+        if self.blocks is not None and flat.shape[0] > 1:
+            nibbles, scale, low = self.blocks
+            q = torch.stack([nibbles & 0xF, nibbles >> 4], dim=-1).reshape(nibbles.shape[0], -1)  # (N, K)
+            out = F.linear(flat, dequantize_int4(q, scale, low, self.group))
+        else:
+            out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_zeros)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
+
+
+def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype):
+    """One linear layer of the given kind from a float weight (N, K)."""
+    if kind == "float":
+        return Linear(weight.to(dtype))  # stored by rows or columns, whichever reads faster in this dtype
+    weight = weight.contiguous()  # note: the quantizers group along rows, (N, K) row-major
+    if kind == "int8-cast":
+        return CastInt8Linear(weight)
+    if kind == "int8":
+        return Int8Linear(weight, dtype)
+    if kind == "int4":
+        return Int4Linear(weight, dtype)
+    if kind == "int8-dynamic":
+        return Int8DynamicLinear(weight, dtype)
+    raise ValueError(f"unknown linear kind {kind!r}")
+
+
+def convert(model: Model, name: str, head: str | None = None) -> Model:
+    """The model in weight format `name` (one of FORMATS). Built from a float32 model; the embedding
+    lookup, norms and rotary tables follow the activations' dtype; every matrix product changes format.
+    head: override the output head's kind ("float", "int8", "int4"...), to see what the head costs."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown weight format {name!r}: choose one of {', '.join(FORMATS)}")
+    if model.dtype != torch.float32:
+        raise ValueError("convert() starts from the float32 model (Model.from_transformers(model) in float32)")
+    dtype, kind, head_kind = FORMATS[name]
+    head_kind = head or head_kind
+    weight = lambda linear: linear.weight  # noqa: E731 - every layer of a float32 model is a Linear
+    layers = [replace(layer, attn_norm=layer.attn_norm.to(dtype), mlp_norm=layer.mlp_norm.to(dtype),
+                      qkv=make_linear(weight(layer.qkv), kind, dtype), o=make_linear(weight(layer.o), kind, dtype),
+                      gate_up=make_linear(weight(layer.gate_up), kind, dtype),
+                      down=make_linear(weight(layer.down), kind, dtype)) for layer in model.layers]
+    return model.with_parts(embedding=model.embedding.to(dtype), final_norm=model.final_norm.to(dtype),
+                            lm_head=make_linear(model.embedding, head_kind, dtype), layers=layers, format=name)

@@ -1,0 +1,167 @@
+"""A decode step with static shapes, the form torch.compile (and a GPU's CUDA graphs) can capture once (lesson 11;
+issue: the compiled step).
+
+What it does: `StaticDecode` runs the course's own model (any weight format) one token per row for B rows, with
+nothing that depends on how long the context is: the cache is preallocated at a fixed capacity, the column and the
+positions arrive as tensors, the new keys and values are written at that column with `index_copy_`, and attention
+reads every column of the cache with a mask that hides the ones not written yet (and each row's padding).
+`StaticStep` is one row with its own cache: the prompt goes through the model's ordinary prefill
+(`forward.run_model`) into it, then each token through a StaticDecode. `compile=True` hands the step to `torch.compile`,
+which needs a C++ compiler on the CPU (`compile_available` says whether there is one) and takes tens of seconds
+the first time: `compile_seconds` records the warm-up that paid for it.
+What it does not do: prefill, sample, or schedule (the engine does; engine/compiled.py runs these steps for
+it); time itself (measure.compiled does).
+"""
+from __future__ import annotations
+
+import shutil
+import time
+
+import torch
+
+from .forward import run_model
+from .model import block, embed, head
+from ..runtime import synchronize
+
+
+def compile_available() -> tuple[bool, str]:
+    """(True, "") when torch.compile can build CPU kernels here; else (False, why, with what fixes it)."""
+    if not any(shutil.which(cc) for cc in ("g++", "c++", "clang++")):
+        return False, "torch.compile builds C++ kernels on the CPU and finds no C++ compiler (install g++ or clang)"
+    return True, ""
+
+
+COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}  # what torch.compile is given (see StaticStep)
+
+
+class StaticDecode:
+    """B rows' decode step at fixed shapes over a KVCache of a fixed capacity: what torch.compile captures once per
+    (rows, capacity) bucket. Rows share the cache's column (left-padded, as the batch schedulers keep them); each
+    has its own position; `key_mask` (B, capacity) marks the columns that hold a row's tokens (None: all written
+    ones). Example: run = StaticDecode(ours, 1, 512); logits = run(tokens, cache)  # (B, 1, V)"""
+
+    def __init__(self, model, batch: int, capacity: int, compile: bool = False):
+        if capacity < 2 or capacity > model.config.max_position_embeddings:
+            raise ValueError(f"capacity must be between 2 and the window of {model.config.max_position_embeddings}, "
+                             f"got {capacity}")
+        if compile:
+            ok, why = compile_available()
+            if not ok:
+                raise RuntimeError(why)
+            from torch._dynamo import config as dynamo_config
+            # note: each (rows, capacity) is a new specialization of the same code: let dynamo keep them all
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        self.model, self.batch, self.capacity, self.compiled = model, batch, capacity, compile
+        self.cos = model.cos.to(model.dtype).clone()  # (window, D): read at positions given as a tensor
+        self.sin = model.sin.to(model.dtype).clone()
+        self.columns = torch.arange(capacity, device=model.device)
+        self.compile_seconds = 0.0
+        self.head_apart = not getattr(model.lm_head, "compiles", True)
+        # note: freezing lets the compiler treat the weights as constants (and prepack them for its kernels): a
+        # compiled step is for inference only. Measured on the course's CPU, int4 at 2 threads: 142.6 tokens per
+        # second with it, 131.0 without, 121.8 eager (one run each). cpp_wrapper calls the step's kernels from
+        # generated C++ instead of generated Python (about 300 calls a step): int4, 1 thread, 11.0 -> 10.0 ms a
+        # step; 2 threads 7.0 -> 6.3 (two runs each); the first compile takes about 60 s instead of 20.
+        self._step = torch.compile(self._decode, dynamic=False, options=COMPILE_OPTIONS) if compile else self._decode
+
+    def fits(self, cache) -> bool:
+        """Whether this step runs on `cache`: the course's KVCache, of this step's rows and capacity, with room."""
+        keys = getattr(cache, "keys", None)
+        return (isinstance(keys, list) and keys and tuple(keys[0].shape[::2]) == (self.batch, self.capacity)
+                and cache.length < self.capacity)
+
+    def __call__(self, tokens, cache, positions: torch.Tensor | None = None,
+                 key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Feed one token per row at the cache's next column; (B, 1, V) logits. positions (B,): each row's position
+        (default: the column); key_mask (B, capacity) bool, True where a row holds a token (default: every column).
+        The first call of a compiled step compiles it."""
+        device, column = self.model.device, cache.length
+        if not self.fits(cache):
+            raise ValueError(f"this static step runs {self.batch} row(s) on a KVCache of capacity {self.capacity} "
+                             f"with room left; got {type(cache).__name__} at length {getattr(cache, 'length', '?')}")
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(self.batch, 1)  # (B, 1)
+        column_t = torch.tensor([column], device=device)
+        positions = column_t.expand(self.batch) if positions is None else positions.reshape(self.batch).to(device)
+        if key_mask is None:
+            key_mask = torch.ones(self.batch, self.capacity, dtype=torch.bool, device=device)
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = self._step(tokens, column_t, positions, key_mask, cache.keys, cache.values)
+            # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
+            logits = head(self.model, out) if self.head_apart else out
+        if self.compiled and self.compile_seconds == 0.0:
+            synchronize(device)
+            self.compile_seconds = time.perf_counter() - start
+        cache.length = column + 1
+        return logits
+
+    def _decode(self, tokens: torch.Tensor, column: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
+                keys: list, values: list) -> torch.Tensor:
+        """tokens (B, 1), column (1,), positions (B,), key_mask (B, capacity) -> logits (B, 1, V) (or the last block's
+        output (B, 1, hidden) when the head runs apart, after the compiled step). The model's own blocks, with a cache
+        that writes at the column tensor and hands attention every column, and a mask over the columns written so
+        far that hold each row's tokens: no shape depends on the position."""
+        model = self.model
+        cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # (B, 1, 1, D)
+        seen = ((self.columns <= column)[None] & key_mask)[:, None, None]  # (B, 1, 1, capacity)
+        cache = _Columns(keys, values)
+        x = embed(model, tokens)  # (B, 1, hidden)
+        for index in range(len(model.layers)):
+            x = block(model, index, x, cos, sin, cache, column, seen)
+        return x if self.head_apart else head(model, x)
+
+
+class StaticStep:
+    """One row's decode steps at fixed shapes, with its own cache (a StaticDecode over it). Example:
+    step = StaticStep(ours, capacity=256); logits = step.prefill(prompt_ids); logits = step(int(logits.argmax()))"""
+
+    def __init__(self, model, capacity: int, compile: bool = False):
+        self.decode = StaticDecode(model, 1, capacity, compile)
+        self.model, self.capacity, self.compiled = model, capacity, compile
+        self.cache = model.new_cache(1, capacity)
+        self.position = 0
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.decode.compile_seconds
+
+    @property
+    def head_apart(self) -> bool:
+        return self.decode.head_apart
+
+    def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
+        """The prompt in one ordinary pass into this step's cache; the last position's logits (V,)."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: a decode step needs at least one token before it")
+        if len(prompt_ids) >= self.capacity:
+            raise ValueError(f"a {len(prompt_ids)}-token prompt leaves no room in a capacity of {self.capacity}")
+        self.cache.length = 0
+        ids = torch.tensor([prompt_ids], device=self.model.device)
+        logits, self.cache = run_model(self.model, ids, self.cache, keep=1)
+        self.position = len(prompt_ids)
+        return logits[0, -1]
+
+    def __call__(self, token: int) -> torch.Tensor:
+        """Feed one token at the next position; its logits (V,). The first call of a compiled step compiles it."""
+        if self.position == 0:
+            raise ValueError("call prefill(prompt_ids) first")
+        if self.position >= self.capacity:
+            raise ValueError(f"the static cache is full ({self.capacity} tokens): make a StaticStep with more capacity")
+        logits = self.decode([[token]], self.cache)
+        self.position = self.cache.length
+        return logits[0, -1]
+
+
+class _Columns:
+    """The cache as the static step's blocks see it: `write` puts this token's key and value at the column the
+    column tensor names (index_copy_) and returns every column of the layer, written or not (the mask hides the
+    rest)."""
+
+    def __init__(self, keys: list, values: list):
+        self.keys, self.values = keys, values
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, column: torch.Tensor):
+        self.keys[layer].index_copy_(2, column, k)  # (B, KV, capacity, D): this token's column
+        self.values[layer].index_copy_(2, column, v)
+        return self.keys[layer], self.values[layer]

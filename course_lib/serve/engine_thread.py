@@ -1,0 +1,108 @@
+"""The server's engine: one background thread that owns the model and runs the loop for every request.
+
+What it does: `EngineThread` takes jobs from a queue (`submit`, with a listener per job), adds them to its batch
+scheduler (a PaddedScheduler on the model as given, or, through `paged_engine`, lesson 13's PagedScheduler on the
+course's own model and a fresh BlockPool), runs generation.step again and again, hands each listener its tokens
+as they are picked and None at the end. A step that raises fails the requests in that batch (finish reason
+"error", never a stop) and the thread goes on with a fresh scheduler.
+What it does not do: speak HTTP or read OpenAI's dialect (serving.py and openai_api.py do).
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+
+from ..runner.blocks import blocks_for
+from ..engine.generation import step
+from ..runner.model import Model
+from ..runner.paged import BlockPool
+from ..engine.paged_scheduler import PagedScheduler, check_budget
+from ..engine.request import Job
+from ..engine.schedulers import PaddedScheduler
+
+
+class EngineThread:
+    """A background thread that owns the model and serves jobs by continuous batching.
+    start() launches the thread (the app's lifespan does it when the server starts); stop() ends it."""
+
+    def __init__(self, model, max_batch: int = 8, make_batch=None):
+        self.model, self.max_batch = model, max_batch
+        self.make_batch = make_batch or (lambda: PaddedScheduler(model))  # a fresh scheduler (after an error too)
+        self.pending: queue.Queue = queue.Queue()
+        self.listeners: dict[str, callable] = {}
+        self.batch = self.make_batch()
+        self.served, self.error = 0, None
+        self.finished: collections.deque = collections.deque(maxlen=64)  # (job name, stop reason), newest last
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="course-engine", daemon=True)
+
+    def start(self) -> "EngineThread":
+        if not self.thread.is_alive() and not self._stop.is_set():
+            self.thread.start()
+        return self
+
+    def submit(self, job: Job, on_token) -> None:
+        """Queue a job; on_token(token_id) is called from the engine thread, then on_token(None) at the end."""
+        self.listeners[job.name] = on_token
+        self.pending.put(job)
+
+    def active(self) -> list[str]:
+        return [j.name for j in self.batch.jobs]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            newcomers = []
+            while len(self.batch.jobs) + len(newcomers) < self.max_batch:
+                try:
+                    newcomers.append(self.pending.get(timeout=0.05 if not (self.batch.jobs or newcomers) else 0))
+                except queue.Empty:
+                    break
+            for job in [j for j in newcomers if j.cancelled]:  # left before it was even admitted
+                newcomers.remove(job)
+                self._finish(job, "cancelled")
+            try:
+                if newcomers:
+                    self.batch.add(newcomers)  # note: a scheduler may refuse a job here (finish reason "rejected")
+                before = list(self.batch.jobs)
+                for job, token, _, _ in (step(self.batch) if before else []):
+                    self.listeners[job.name](token)
+                for job in newcomers + before:
+                    if job not in self.batch.jobs:
+                        self._finish(job, job.finish_reason)
+            except Exception as err:  # noqa: BLE001 - one bad step must not kill the server
+                self.error = err
+                for job in self.batch.jobs + newcomers:
+                    job.finish_reason = "error"  # note: overrides any stop: the client must not read it as done
+                    self._finish(job, "error")
+                self.batch = self.make_batch()
+
+    def _finish(self, job: Job, reason: str) -> None:
+        listener = self.listeners.pop(job.name, None)
+        if listener is None:  # already finished (or never submitted here)
+            return
+        job.finish_reason = job.finish_reason or reason
+        self.finished.append((job.name, job.finish_reason))
+        self.served += 1
+        listener(None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+
+KV_CACHES = ("contiguous", "paged")
+
+
+def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budget: int | None = None,
+                 prefix_caching: bool = True):
+    """(the course's model, a factory of PagedScheduler schedulers on a fresh pool) for EngineThread: lesson 13's paged
+    cache with preemption. A transformers model is rewritten as model.Model on its weights.
+    kv_blocks: the pool's size (default: one whole context window's worth); token_budget: tokens per step
+    (chunked prefill; None = each prompt whole); prefix_caching: reuse the blocks of shared prompt prefixes."""
+    check_budget(token_budget, max_batch)  # note: now, not in the engine thread
+    ours = model if isinstance(model, Model) else Model.from_transformers(model)
+    blocks = kv_blocks if kv_blocks is not None else blocks_for(ours.config.max_position_embeddings + 1)
+    return ours, lambda: PagedScheduler(ours, BlockPool.for_model(ours, blocks, prefix_caching=prefix_caching),
+                                    "preempt", max_batch, token_budget=token_budget)
