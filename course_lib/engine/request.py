@@ -112,7 +112,7 @@ def check_request(model, prompt_ids, max_new_tokens: int) -> list[int]:
     if torch.is_tensor(prompt_ids):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] != 1:
             raise ValueError(f"got a batch of {prompt_ids.shape[0]} prompts: generate() takes one; "
-                             "for several, use generation.generate_static or generation.run_schedule")
+                             "for batching several, use generation.generate_static or generation.run_schedule")
         if prompt_ids.dim() > 2 or prompt_ids.is_floating_point():
             raise ValueError(f"token IDs must be integers in a (T,) or (1, T) tensor, got {prompt_ids.dtype} "
                              f"of shape {tuple(prompt_ids.shape)}")

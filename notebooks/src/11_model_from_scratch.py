@@ -388,6 +388,9 @@ if COMPILE and compile_available()[0]:
           f"step's {median_ms(static_s):.1f} eagerly; same tokens: {compiled_tokens == static_tokens}")
 else:
     print("not compiled here:", compile_available()[1] or "COMPILE is False (set it to True to wait for a compile)")
+from course_lib.runner.compiled import BATCHES, CAPACITIES
+print(f"the engine's compiled buckets: {len(BATCHES)} row counts {BATCHES} x {len(CAPACITIES)} capacities "
+      f"{CAPACITIES} (columns)")
 
 # %% [markdown]
 # Read the committed lines (or yours). The compiled step saves time between the matrix products, not in them:
@@ -399,9 +402,15 @@ else:
 # them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
 # In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4
 # format's activations) it need not: its attention adds up a masked cache of fixed size, ours the written columns only, and rounding in a
-# different order can flip a near-tie (the line says at which token). Where a compile measured slower, or no
-# C++ compiler is at hand, ours is what runs: the course's `generate`, batching and the server keep the
-# ordinary step, whose shapes change with every batch.
+# different order can flip a near-tie (the line says at which token). Where no C++ compiler is at hand, ours
+# is what runs.
+#
+# The engine takes the compiled step in as a runner: `generate(..., compiled=True)` and `stream(...,
+# compiled=True)` run ours through `course_lib/runner/compiled.py`, which meets the same runner contract as the
+# model. Its caches come in a few fixed capacities and row counts (the buckets printed above), so each bucket compiles
+# once, the first time a request needs it, as a GPU engine captures one CUDA graph per batch size; the prompt, a
+# verify pass and any shape outside the buckets run the ordinary step. The paged server keeps the ordinary step
+# (its attention walks block tables whose shapes change with every batch).
 #
 # ## Summary
 #
