@@ -41,3 +41,11 @@ def test_the_stated_licence_ships():
     assert stated == "Apache-2.0"
     assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
     assert "Version 2.0" in (ROOT / "LICENSE").read_text()[:200]
+
+
+def test_every_package_folder_is_listed_for_installation():
+    """pyproject lists its packages by name: a wing missing there would be left out of a non-editable install."""
+    block = re.search(r"^packages = \[(.*?)\]", (ROOT / "pyproject.toml").read_text(), re.M | re.S).group(1)
+    listed = set(re.findall(r'"([^"]+)"', block))  # note: no tomllib, which Python 3.10 lacks
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "course_lib").rglob("__init__.py")}
+    assert listed == folders, (sorted(folders - listed), sorted(listed - folders))
