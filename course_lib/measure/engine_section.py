@@ -105,7 +105,7 @@ def _report(result: dict) -> list:
     if g:
         lines.append(f"engine generate ({g['new_tokens']} tokens, {g['threads']} thread(s)): eager "
                      f"{g['eager_tokens_per_s']:.1f} tok/s, compiled {g['compiled_tokens_per_s']:.1f} "
-                     f"({g['speedup']:.2f}x; {g['capacity']}-column bucket, first call {g['compile_s']:.0f} s; same "
+                     f"({g['speedup']:.2f}x; {g['capacity']}-column bucket compiled in {g['compile_s']:.0f} s; same "
                      f"tokens: {g['same_tokens']})" + ("" if g["compiled"] else f"; not compiled: {g['why_not']}"))
     b = e.get("batch_scaling")
     for side in ("eager", "compiled") if b else ():

@@ -21,6 +21,7 @@ import weakref
 import torch
 
 from .kv_cache import KVCache
+from .model import Output
 from .static_step import StaticDecode, compile_available
 
 CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # columns a compiled step's cache holds, smallest that fits wins
@@ -51,15 +52,7 @@ class CompiledRunner:
             print(f"compiled step: running eagerly ({why})")
         self.static_calls = self.eager_calls = 0
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.dtype
-
-    def __getattr__(self, name):  # the model's own parts (layers, heads, weight_bytes...) read through
+    def __getattr__(self, name):  # the model's own parts (device, dtype, layers, weight_bytes...) read through
         if name == "model":
             raise AttributeError(name)
         return getattr(self.model, name)
@@ -101,12 +94,7 @@ class CompiledRunner:
         positions = position_ids.reshape(B) if position_ids is not None else None
         self.static_calls += 1
         logits = self.step_for(B, capacity)(input_ids, cache, positions, key_mask)  # (B, 1, V)
-        return _Output(logits, cache)
-
-
-class _Output:
-    def __init__(self, logits: torch.Tensor, cache):
-        self.logits, self.cache = logits, cache
+        return Output(logits, cache)
 
 
 _runners: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

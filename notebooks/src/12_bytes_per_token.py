@@ -217,16 +217,13 @@ for n in ["float32", "int8", "int4"]:
 
 # %% [markdown]
 # Where does int4's small distance come from? It changes three things at once: activations in bfloat16, the
-# 4-bit layers' scales rounded to bfloat16, and an int8 head whose input is rounded to 8 bits. Swapping one part
+# 4-bit layers' scales rounded to bfloat16, and an int8 head (whose input is rounded to 8 bits too, where oneDNN's
+# integer product is exact here: the table's head column says which). Swapping one part
 # at a time splits it (the same positions; each line differs from the one above it in one part):
 
 # %%
-import copy
-
-bf16_head = copy.copy(models["int4"])  # the int4 model's layers, the bfloat16 model's head: no new weights
-bf16_head.lm_head = models["bfloat16"].lm_head
-int8_head = copy.copy(models["int4"])  # ... and the int8 format's head: int8 weights, the input left in bfloat16
-int8_head.lm_head = models["int8"].lm_head
+bf16_head = models["int4"].with_parts(lm_head=models["bfloat16"].lm_head)  # the int4 layers, no new weights
+int8_head = models["int4"].with_parts(lm_head=models["int8"].lm_head)  # int8 weights, the input left in bfloat16
 parts = {"bfloat16 (activations and weights)": models["bfloat16"], "int4 layers, bfloat16 head": bf16_head,
          "int4 layers, int8 head": int8_head,
          f"int4 layers, {formats.FORMATS['int4'][2]} head (the int4 format)": models["int4"]}
@@ -238,8 +235,8 @@ for label, m in parts.items():
 # Read these lines with the table above it. `int4-float32` there (the same 4-bit layers, with float32
 # activations and a float32 head) should sit at zero: the layers' blocks are the file's. So what separates the
 # int4 format from the file is the bfloat16 arithmetic (the second line, beside plain bfloat16's first), the
-# int8 head (the third), and rounding the head's input (the last; on a machine without oneDNN's integer product
-# the int4 format keeps the int8 head, and the last two lines are the same model).
+# int8 head (the third), and rounding the head's input (the last; where oneDNN's integer product is missing or
+# saturates, the int4 format keeps the int8 head, and the last two lines are the same model).
 
 # %% [markdown]
 # **What breaks first?** The file already rounded the layers to 4 bits; we can round further and watch the
