@@ -27,3 +27,8 @@ def predict_ttft(ttft_no_hit_s, prompt_tokens, cached_tokens):
 
 def steps_to_read(prompt_tokens, token_budget, running):
     return -(-prompt_tokens // (token_budget - running))
+
+
+def fork_blocks(prompt_tokens, answer_tokens, block_size=16):
+    full, partial = divmod(prompt_tokens, block_size)  # full blocks are shared; the partial one is copied on write
+    return full + sum(-(-(partial + t) // block_size) for t in answer_tokens)

@@ -19,7 +19,11 @@ def kept(n, budget, sinks):
 
 
 def step_prediction(context=6000):
-    """A straight line through the steps at 2,048 and 4,096 tokens, extended."""
+    """A least-squares line through five contexts (each the median of 9 steps), extended: two points alone let
+    one noisy step tilt the line."""
     from course_lib.measure.long_context import step_curve
-    a, b = (c["ms"] for c in step_curve(model, [2048, 4096], repeats=5))
-    return a + (b - a) * (context - 2048) / 2048
+    curve = step_curve(model, [1024, 2048, 3072, 4096, 5120], repeats=9)
+    xs, ys = [c["context"] for c in curve], [c["ms"] for c in curve]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my + slope * (context - mx)

@@ -294,6 +294,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/engine/schedulers.py::__init__": "a scheduler's clock start",
     "course_lib/engine/schedulers.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
     "course_lib/doctor.py::check_generation": "generate() returns tokens read on the CPU",
+    "course_lib/measure/fork.py::n_fork": "run_paged ends with every token picked on the CPU (int(): a sync)",
     "course_lib/engine/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
     "course_lib/views/widgets.py::update": "a widget redraw on the CPU",
     "course_lib/runner/attention.py::score_times": "CPU tensors made in the function",

@@ -165,3 +165,28 @@ def test_long_context_section_reports_its_keys(model, tokenizer):
     assert len(lc["needle"]) == 6 and all(isinstance(v, bool) for v in lc["needle"].values())
     assert [t[0] for t in targets(result)][:1] == ["long context: sinks beat the plain window past the budget"]
     assert "long context: needle found" in format_report(result)
+
+
+def test_fork_and_best_of_sections_report_their_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="serving,best_of", progress=False)
+    rows = result["serving"]["n_fork"]["rows"]
+    assert set(rows) == {"1", "4"} and all(r["same_answers"] for r in rows.values())
+    one, four = rows["1"], rows["4"]
+    assert one["fork_peak_blocks"] == one["separate_peak_blocks"]  # one answer: nothing to share
+    assert four["fork_prompt_tokens_read"] * 4 == four["separate_prompt_tokens_read"]
+    assert four["fork_peak_blocks"] <= four["fork_bound_blocks"] < four["separate_peak_blocks"]
+    best = result["best_of"]
+    assert best["questions"] == 2 and set(best["accuracy"]) == {"1", "2"}
+    assert all(0 <= a <= 1 for a in best["accuracy"].values()) and len(best["per_question"]) == 2
+    assert any("serving.n_fork" in what for what, _, _ in targets(result))
+    assert "best_of:" in format_report(result)
+
+
+def test_the_vote_and_the_reader_of_numbers():
+    from course_lib.measure.fork import said_number, sums, vote
+    assert said_number("To add 7 and 5: 7 + 5 = 12, which is 7 more than 5.") == 12 and said_number("no idea") is None
+    assert said_number("8 + 8 equals 10, a sum") == 10 and said_number("The answer is 9.") == 9
+    assert vote([3, None, 4, 4, 3]) == 3 and vote([None, 5, 6, 6]) == 6 and vote([None]) is None
+    questions = sums(5, seed=1)
+    assert questions == sums(5, seed=1) and all(q == f"What is {q[8:-1]}?" for q, _ in questions)
+    assert all(answer == eval(q[8:-1]) for q, answer in questions)  # noqa: S307 - our own "a + b"

@@ -281,6 +281,11 @@ def test_lesson13():
     assert lesson13.check_steps_to_read(s.steps_to_read)
     assert not lesson13.check_steps_to_read(lambda p, b, r: -(-p // b))  # forgot the running requests' tokens
     assert not lesson13.check_steps_to_read(lambda p, b, r: p // (b - r))  # forgot the last, partial chunk
+    assert lesson13.check_fork_blocks(s.fork_blocks)
+    blocks = lambda t, b: -(-t // b)  # noqa: E731
+    assert not lesson13.check_fork_blocks(lambda p, a, b=16: sum(blocks(p + t, b) for t in a))  # no sharing at all
+    assert not lesson13.check_fork_blocks(  # the partial block shared too, never copied
+        lambda p, a, b=16: blocks(p, b) + sum(blocks(t, b) for t in a))
 
 
 def test_lesson14():
@@ -470,3 +475,4 @@ def test_predict_then_measure_in_the_other_lessons(model, tokenizer):
     assert lesson17.check_step_prediction(s17.step_prediction(), int4)
     short = step_curve(int4, [256], repeats=5)[0]["ms"]
     assert not lesson17.check_step_prediction(short * 6000 / 256, int4)  # in proportion to the context
+    assert not lesson17.check_step_prediction(short, int4)  # flat: the cache's reads left out

@@ -424,3 +424,66 @@ def test_a_fork_shares_the_prompt_and_copies_its_last_block_on_write(small, toke
         pool.free(seq)
     assert pool.manager.num_used == 0
     pool.manager.check()
+
+
+def test_n_answers_fork_one_prompt_and_each_draws_what_it_draws_alone(small, tokenizer, stop):
+    """n > 1: the first job reads the prompt, the others fork its blocks (copy-on-write) and pick from the same
+    logits. Each seeded answer equals its seed run alone; the prompt is read once; fewer blocks are held than by n
+    separate requests; a tight pool preempts forks and they still answer the same."""
+    from course_lib.engine.sampling import SamplingConfig, make_sampler
+    prompt = handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])[:200]  # 12 full blocks and a partial one
+    config = SamplingConfig(temperature=1.0)
+
+    def jobs(n, fork=True):
+        out = [Job(f"a{i}", list(prompt), 24, stop, pick=make_sampler(config, seed=i)) for i in range(n)]
+        for job in out[1:]:
+            job.fork_of = "a0" if fork else ""
+        return out
+
+    alone = []
+    for i in range(4):
+        job = jobs(i + 1, fork=False)[i]
+        run_paged(small, [job], BlockPool.for_model(small, 64, prefix_caching=False))
+        alone.append(job.tokens)
+    assert len({tuple(t) for t in alone}) > 1  # the seeds do give different answers
+
+    peaks = {}
+    for fork in (True, False):
+        pool = BlockPool.for_model(small, 128, prefix_caching=False)
+        group = jobs(4, fork)
+        batch = run_paged(small, group, pool)
+        assert [j.tokens for j in group] == alone
+        assert batch.forked == (3 if fork else 0) and batch.prefill_chunks == (1 if fork else 4)
+        peaks[fork] = max(used for _, used, _ in batch.memory)
+        assert pool.manager.num_used == 0
+        pool.manager.check()
+    assert peaks[True] < peaks[False] - 2 * (len(prompt) // 16)  # the prompt's full blocks are held once, not 4 times
+
+    pool = BlockPool.for_model(small, 18, prefix_caching=False)  # room for the prompt and little more: forks preempted
+    group = jobs(4)
+    batch = run_paged(small, group, pool)
+    assert batch.preempted >= 1 and [j.tokens for j in group] == alone
+    assert pool.manager.num_used == 0
+    pool.manager.check()
+
+
+def test_forks_of_a_leader_that_leaves_early_run_alone(small, tokenizer, stop, alone):
+    prompt = chat_ids(tokenizer, QUESTIONS[0])
+    pool = BlockPool.for_model(small, 32)
+    batch = PagedScheduler(small, pool)
+    group = [Job("a", prompt, 8, stop), Job("b", prompt, 8, stop, fork_of="a")]
+    group[0].cancelled = True  # the leader leaves before its prompt is read: its sibling is served on its own
+    batch.add(group)
+    while batch.jobs:
+        step(batch)
+    assert group[0].finish_reason == "cancelled" and group[1].tokens == alone(small, prompt)[:8]
+    assert batch.forked == 0 and pool.manager.num_used == 0
+
+
+def test_a_fork_group_that_cannot_run_side_by_side_is_refused(small, tokenizer, stop):
+    prompt = chat_ids(tokenizer, QUESTIONS[0])
+    batch = PagedScheduler(small, BlockPool.for_model(small, 32), max_batch=2)
+    with pytest.raises(ValueError, match="asks for 3 answers but this scheduler runs at most 2"):
+        batch.add([Job("a", prompt, 8, stop)] + [Job(f"b{i}", prompt, 8, stop, fork_of="a") for i in range(2)])
+    with pytest.raises(ValueError, match="prompts .* differ"):
+        batch.add([Job("a", prompt, 8, stop), Job("b", prompt[:-1], 8, stop, fork_of="a")])

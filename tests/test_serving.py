@@ -172,8 +172,10 @@ def test_the_server_runs_on_our_model(model, tokenizer):
 @pytest.mark.parametrize("extra, param, code", [
     ({"max_tokens": "12"}, "max_tokens", "invalid_type"), ({"temperature": "hot"}, "temperature", "invalid_type"),
     ({"temperature": 2.5}, "temperature", "invalid_value"), ({"top_p": 0}, "top_p", "invalid_value"),
-    ({"n": 2}, "n", "unsupported_value"), ({"top_k": 5}, "top_k", "unsupported_parameter"),
-    ({"logprobs": True}, "logprobs", "unsupported_parameter"), ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"n": 9}, "n", "invalid_value"), ({"n": 0}, "n", "invalid_value"), ({"n": 2, "stream": True}, "n", "unsupported_value"),
+    ({"top_logprobs": 2}, "top_logprobs", "invalid_value"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "invalid_value"),
+    ({"logprobs": "yes"}, "logprobs", "invalid_type"), ({"logprobs": True, "top_logprobs": -1}, "top_logprobs", "invalid_value"),
+    ({"top_k": 5}, "top_k", "unsupported_parameter"), ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
     ({"stop": [""]}, "stop", None), ({"seed": 1.5}, "seed", "invalid_type"), ({"stream": "yes"}, "stream", "invalid_type"),
     ({"cache_salt": ""}, "cache_salt", "invalid_type"), ({"cache_salt": 7}, "cache_salt", "invalid_type"),
 ])
@@ -182,6 +184,38 @@ def test_errors_name_the_field_in_openai_shape(server, extra, param, code):
     error = r.json()["error"]
     assert r.status_code == 400 and set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param and error["code"] == code and error["type"] == "invalid_request_error"
+
+
+def test_n_answers_each_equal_their_seed_alone(client, server):
+    """n = 3 with seed 5: answer i equals the request sent alone with seed 5 + i (on the paged cache the other two
+    forked the first one's prompt blocks instead of reading the prompt again)."""
+    batch = server.app.state.engine.batch
+    forked = getattr(batch, "forked", 0)
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, n=3, seed=5, temperature=1.0, max_tokens=16)
+    alone = [client.chat.completions.create(model=MODEL, messages=QUESTION, seed=5 + i, temperature=1.0,
+                                            max_tokens=16).choices[0].message.content for i in range(3)]
+    assert [c.index for c in reply.choices] == [0, 1, 2] and [c.message.content for c in reply.choices] == alone
+    assert len(set(alone)) > 1 and reply.usage.completion_tokens > 3
+    if hasattr(batch, "forked"):
+        assert server.app.state.engine.batch.forked - forked == 2
+
+
+def test_logprobs_in_openai_shape_and_greedy_takes_the_top_one(client):
+    reply = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, logprobs=True, top_logprobs=3)
+    choice = reply.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == reply.usage.completion_tokens and all(len(e.top_logprobs) == 3 for e in content)
+    assert bytes(b for e in content for b in e.bytes).decode() == choice.message.content + "<|im_end|>"
+    for entry in content:  # greedy: the chosen token is the likeliest, and the alternatives come in order
+        assert entry.token == entry.top_logprobs[0].token and entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert entry.logprob <= 0
+    streamed = [e for chunk in client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, stream=True,
+                                                              logprobs=True)
+                for e in (chunk.choices[0].logprobs.content if chunk.choices and chunk.choices[0].logprobs else [])]
+    assert [e.token for e in streamed] == [e.token for e in content]
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0)
+    assert plain.choices[0].logprobs is None
 
 
 def test_unknown_routes_and_methods_and_models_in_openai_shape(server):

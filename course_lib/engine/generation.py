@@ -45,6 +45,7 @@ def step(scheduler) -> list[tuple[Job, int, float, bool]]:
         pick = job.pick or greedy
         if draft is None:  # plain decoding: one position
             token, prob = pick(logits[0])
+            job.note_logprobs(logits[0], token)
             picked = [(token, prob, False)]
         else:  # a verify pass: the accepted draft, then the model's own next token
             probs = getattr(job.draft, "probs", None)  # a drafter that sampled keeps its distributions (ModelDrafter)

@@ -4,7 +4,10 @@ What it does: `PagedScheduler` admits queued jobs by free blocks with headroom (
 what could never fit, prefills each prompt alone past its cached prefix, whole or in chunks within a per-step
 token budget (chunked prefill: running requests keep decoding while a long prompt is read), decodes the running
 rows in one batched call through their block tables, and preempts (recompute later), reserves or rejects when
-the pool runs dry. It meets schedulers.BatchScheduler, so generation.step, the drivers and the server run it.
+the pool runs dry. Several answers to one prompt (n > 1: jobs whose `fork_of` names another job of the same add)
+share it: the prompt is prefilled once, then each sibling takes the leader's blocks by reference (BlockPool.fork,
+copy-on-write) and picks from the same logits with its own picker. It meets schedulers.BatchScheduler, so
+generation.step, the drivers and the server run it.
 What it does not do: manage the blocks themselves (the pool and its BlockManager do: paged.py, blocks.py), call
 the model other than through the stages, or pack prompt chunks and decode rows into one model call (production
 engines do).
@@ -63,6 +66,8 @@ class PagedScheduler(Clock):
         self.waiting: list[Job] = []  # first in, first out; a preempted job goes back to the front
         self.running: list[Job] = []  # in order of admission
         self.seqs, self.logits, self.reserved = {}, {}, {}  # by job name: Sequence, (V,) logits, blocks reserved
+        self.held: dict[str, list[Job]] = {}  # a leader's name -> the siblings waiting to fork its prompt's blocks
+        self.forked = 0  # siblings that took a leader's blocks instead of a prefill of their own
         super().__init__(clock)
         self.window = model.config.max_position_embeddings
         self.preempted = self.recomputed_tokens = self.rejected = 0
@@ -73,7 +78,7 @@ class PagedScheduler(Clock):
 
     @property
     def jobs(self) -> list[Job]:
-        return self.running + self.waiting
+        return self.running + self.waiting + [j for forks in self.held.values() for j in forks]
 
     @property
     def capacity(self) -> int:
@@ -93,6 +98,15 @@ class PagedScheduler(Clock):
             job.prompt = check_request(self.model, job.prompt, job.new_tokens)
             if job.name in self.seqs or names.count(job.name) > 1:
                 raise ValueError(f"a job named {job.name!r} is already in this batch: names must be unique")
+        leaders = {j.name: j for j in newcomers if not j.fork_of}
+        for job in newcomers:
+            leader = leaders.get(job.fork_of)
+            if leader is not None and (leader.prompt != job.prompt or leader.cache_salt != job.cache_salt):
+                raise ValueError(f"job {job.name!r} forks {leader.name!r} but their prompts (or cache salts) differ")
+            group = 1 + sum(1 for j in newcomers if j.fork_of == job.name and j.fork_of in leaders)
+            if group > self.max_batch:
+                raise ValueError(f"job {job.name!r} asks for {group} answers but this scheduler runs at most "
+                                 f"{self.max_batch} rows at once")
         for job in newcomers:
             if not self.fits(len(job.prompt) + job.new_tokens):
                 self.rejected += 1
@@ -100,9 +114,16 @@ class PagedScheduler(Clock):
                 self.events.append((job.end, job.name, REJECTED))
                 continue
             job.default_stopper(self.window)
-            self.seqs[job.name] = Sequence(list(job.prompt), salt=job.cache_salt)
-            self.waiting.append(job)
-            self.events.append((self.now(), job.name, "queued"))
+            if job.fork_of in leaders and not leaders[job.fork_of].finish_reason:  # waits to share its leader's prompt
+                self.held.setdefault(job.fork_of, []).append(job)
+                self.events.append((self.now(), job.name, "held"))
+                continue
+            self._queue(job)
+
+    def _queue(self, job: Job) -> None:
+        self.seqs[job.name] = Sequence(list(job.prompt), salt=job.cache_salt)
+        self.waiting.append(job)
+        self.events.append((self.now(), job.name, "queued"))
 
     def _leave(self, job: Job, reason: str, stamp: float) -> None:
         job.finish(reason, stamp)
@@ -112,17 +133,35 @@ class PagedScheduler(Clock):
             self.pool.free(self.seqs[job.name])
         elif job in self.waiting:
             self.waiting.remove(job)
+        else:
+            for forks in self.held.values():
+                if job in forks:
+                    forks.remove(job)
         self.seqs.pop(job.name, None)
         self.logits.pop(job.name, None)
         self.reserved.pop(job.name, None)
+        for orphan in self.held.pop(job.name, []):  # the leader left before its prompt was read: each goes alone
+            self._queue(orphan)
+
+    def _fork(self, stamp: float) -> None:
+        """Every leader whose prompt is now read hands its blocks to its held siblings (by reference: a shared block
+        is copied only when one of them writes into it) and its logits, so each picks its first token this step."""
+        for name in [n for n in self.held if n in self.logits]:
+            for job in self.held.pop(name):
+                self.seqs[job.name] = self.pool.fork(self.seqs[name])
+                self.logits[job.name] = self.logits[name]
+                job.start = stamp
+                self.running.append(job)
+                self.forked += 1
+                self.events.append((stamp, job.name, "forked"))
 
     def _admit(self) -> None:
         """Admit waiting jobs in order while their prompt's blocks fit with the watermark to spare (a job is admitted
         into an empty batch whenever it fits at all, so nothing waits forever). No model call: prompts are run by
         `_prefill`, within the step's budget."""
         manager = self.pool.manager
-        while self.waiting and len(self.running) < self.max_batch:
-            job, stamp = self.waiting[0], self.now()
+        while self.waiting and len(self.running) + 1 + len(self.held.get(self.waiting[0].name, ())) <= self.max_batch:
+            job, stamp = self.waiting[0], self.now()  # note: a leader comes in with room for its held siblings
             seq = self.seqs[job.name]
             if job.cancelled:
                 self._leave(job, "cancelled", stamp)
@@ -214,6 +253,7 @@ class PagedScheduler(Clock):
         decoded = self._decode(stamp)
         self._admit()
         self._prefill(float("inf") if self.token_budget is None else self.token_budget - decoded)
+        self._fork(stamp)
         held = sum(len(j.prompt) + j.new_tokens for j in self.running)
         self.memory.append((self.now(), self.pool.manager.num_used, held))
         return [(job, self.logits.pop(job.name)[None], None) for job in list(self.running) if job.name in self.logits]

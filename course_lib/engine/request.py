@@ -203,6 +203,9 @@ class Job:
     draft: object = None  # a drafter (speculative.py): each step then verifies up to k drafted tokens
     k: int = 4
     cache_salt: str = ""  # a paged cache shares prefix blocks only between jobs of the same salt (lesson 13)
+    logprobs: int | None = None  # None: none kept; k >= 0: each token's log-probability and the k likeliest others
+    logprob_trace: list = field(default_factory=list)  # per token: (logprob, [(token, logprob), ...] top k)
+    fork_of: str = ""  # the name of a job with the same prompt: a paged scheduler forks its blocks (n > 1)
 
     def finish(self, reason: str, stamp: float) -> None:
         """The job is done (one of STOP_REASONS) or refused (one of FAILURES), at `stamp` seconds."""
@@ -213,6 +216,17 @@ class Job:
         context window (no stop strings). Every batch scheduler calls this on admission."""
         if self.stopper is None:
             self.stopper = Stopper(None, self.stop_ids, self.new_tokens, window - len(self.prompt))
+
+    def note_logprobs(self, logits: torch.Tensor, token: int) -> None:
+        """Keep the chosen token's log-probability under the model's own distribution (log-softmax of the raw logits,
+        before temperature, top-p or a grammar mask: what vLLM returns by default) and the `logprobs` likeliest
+        tokens' (OpenAI's top_logprobs). Nothing when logprobs is None."""
+        if self.logprobs is None:
+            return
+        logp = torch.log_softmax(logits.float(), dim=-1)  # (V,)
+        top = torch.topk(logp, self.logprobs) if self.logprobs else None
+        others = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+        self.logprob_trace.append((float(logp[token]), others))
 
     def emit(self, token: int, stamp: float) -> str | None:
         """Record one generated token (every scheduler records through here); returns a stop reason or None."""

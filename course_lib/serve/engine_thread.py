@@ -44,8 +44,14 @@ class EngineThread:
 
     def submit(self, job: Job, on_token) -> None:
         """Queue a job; on_token(token_id) is called from the engine thread, then on_token(None) at the end."""
-        self.listeners[job.name] = on_token
-        self.pending.put(job)
+        self.submit_all([(job, on_token)])
+
+    def submit_all(self, pairs: list[tuple[Job, object]]) -> None:
+        """Queue jobs that must reach the scheduler together (the n answers to one prompt: a paged scheduler forks
+        the first one's blocks for the others), each with its listener."""
+        for job, on_token in pairs:
+            self.listeners[job.name] = on_token
+        self.pending.put([job for job, _ in pairs])
 
     def active(self) -> list[str]:
         return [j.name for j in self.batch.jobs]
@@ -55,7 +61,7 @@ class EngineThread:
             newcomers = []
             while len(self.batch.jobs) + len(newcomers) < self.max_batch:
                 try:
-                    newcomers.append(self.pending.get(timeout=0.05 if not (self.batch.jobs or newcomers) else 0))
+                    newcomers += self.pending.get(timeout=0.05 if not (self.batch.jobs or newcomers) else 0)
                 except queue.Empty:
                     break
             for job in [j for j in newcomers if j.cancelled]:  # left before it was even admitted

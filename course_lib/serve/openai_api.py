@@ -2,14 +2,17 @@
 error shape; and write the answers back in OpenAI's shapes.
 
 What it does: `parse_chat_request` turns a JSON body into a `ChatRequest` (messages with text parts
-joined, max_tokens, temperature, top_p, seed, stop, stream, include_usage), applying OpenAI's defaults
-(temperature 1, top_p 1; null means the default) and refusing, with the field's name in `param`, a
-value of the wrong type or range, a model name that is not the served one (404 model_not_found),
-`n` other than 1, and every parameter that would change the answer but is not implemented here
-(top_k, logprobs, tools, ...). `error_body` is the one error shape: {"error": {message, type, param, code}}.
-Back out: `usage` (token counts), `failure_body` / `failure_response` (a request the engine could not serve, as an
-error, never as finish_reason "stop") and `chunk_events` (server-sent events in OpenAI's chunk format, the text
-through engine.text_out.TextOut: never half a character, never a stop string).
+joined, max_tokens, temperature, top_p, seed, stop, stream, include_usage, n, logprobs, top_logprobs), applying
+OpenAI's defaults (temperature 1, top_p 1, n 1; null means the default) and refusing, with the field's name in
+`param`, a value of the wrong type or range, a model name that is not the served one (404 model_not_found),
+`n` above the server's limit or with stream, top_logprobs without logprobs or above 20, and every parameter that
+would change the answer but is not implemented here (top_k, tools, ...). `error_body` is the one error shape:
+{"error": {message, type, param, code}}.
+Back out: `usage` (token counts), `logprobs_body` (OpenAI's logprobs object for a choice), `failure_body` /
+`failure_response` (a request the engine could not serve, as an error, never as finish_reason "stop") and
+`chunk_events` (server-sent events in OpenAI's chunk format, the text through engine.text_out.TextOut: never half
+a character, never a stop string; with logprobs, each chunk carries the log-probabilities of the tokens it
+completes).
 What it does not do: run the model or listen for HTTP (engine_thread.py and serving.py do).
 """
 from __future__ import annotations
@@ -53,10 +56,18 @@ class ChatRequest:
     include_usage: bool = False
     schema: dict | None = None  # response_format json_schema / json_object: the schema the answer must follow
     cache_salt: str = ""  # vLLM's extension: prefix-cache blocks are shared only between requests with the same salt
+    n: int = 1  # answers to sample for this prompt (choice i uses seed + i when a seed is given)
+    logprobs: bool = False  # return each chosen token's log-probability
+    top_logprobs: int = 0  # and the likeliest alternatives at each position (0 to 20)
+
+    @property
+    def keep_logprobs(self) -> int | None:
+        """What a Job's `logprobs` field takes: None (none kept) or how many alternatives to keep."""
+        return self.top_logprobs if self.logprobs else None
 
 
 # Parameters that would change the answer and that this server does not implement: refused, never ignored.
-UNSUPPORTED = {"top_k": None, "logprobs": False, "top_logprobs": None, "tools": None, "tool_choice": None,
+UNSUPPORTED = {"top_k": None, "tools": None, "tool_choice": None,
                "functions": None, "function_call": None, "logit_bias": None, "presence_penalty": 0,
                "frequency_penalty": 0, "audio": None, "modalities": None,
                "prediction": None, "reasoning_effort": None, "web_search_options": None}
@@ -100,8 +111,12 @@ def _content(message: dict, i: int) -> dict:
     return message
 
 
-def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 128) -> ChatRequest:
-    """Check a chat completion body; returns the settings, or raises ApiError naming the field."""
+TOP_LOGPROBS_MAX = 20  # OpenAI's own limit
+
+
+def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 128, max_n: int = 8) -> ChatRequest:
+    """Check a chat completion body; returns the settings, or raises ApiError naming the field.
+    max_n: the most answers one request may ask for (the server's batch size: they run side by side)."""
     if not isinstance(payload, dict):
         raise ApiError(400, "the body must be a JSON object")
     model = payload.get("model")
@@ -113,8 +128,19 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
         if value is not None and value != neutral:
             raise ApiError(400, f"'{name}' is not supported by this server (it would change the answer, so it is "
                            "refused rather than ignored)", name, "unsupported_parameter")
-    if _integer(payload, "n", 1, 1) != 1:
-        raise ApiError(400, "'n' must be 1: this server returns one choice per request", "n", "unsupported_value")
+    n = _integer(payload, "n", 1, 1)
+    if n > max_n:
+        raise ApiError(400, f"'n' must be at most {max_n} on this server (its answers run side by side in one "
+                       f"batch of {max_n} rows), got {n}", "n", "invalid_value")
+    logprobs = payload.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise ApiError(400, f"'logprobs' must be true or false, got {logprobs!r}", "logprobs", "invalid_type")
+    top = _integer(payload, "top_logprobs", 0, 0)
+    if top > TOP_LOGPROBS_MAX:
+        raise ApiError(400, f"'top_logprobs' must be between 0 and {TOP_LOGPROBS_MAX}, got {top}", "top_logprobs",
+                       "invalid_value")
+    if top and not logprobs:
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value")
     messages = payload.get("messages")
     if not messages:
         raise ApiError(400, "'messages' is missing or empty: send at least one message", "messages")
@@ -138,6 +164,9 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
     stream = payload.get("stream") or False
     if not isinstance(stream, bool):
         raise ApiError(400, f"'stream' must be true or false, got {stream!r}", "stream", "invalid_type")
+    if stream and n > 1:
+        raise ApiError(400, "'n' above 1 is not supported with 'stream' here: ask without streaming, or send n "
+                       "requests", "n", "unsupported_value")
     options = payload.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options", "invalid_type")
@@ -150,7 +179,8 @@ def parse_chat_request(payload, *, model_name: str, default_max_tokens: int = 12
                        temperature=_number(payload, "temperature", 1.0, 0.0, 2.0),
                        top_p=_number(payload, "top_p", 1.0, 0.0, 1.0, low_open=True),
                        seed=_integer(payload, "seed", None), stop=stop, stream=stream,
-                       include_usage=bool(options.get("include_usage")) and stream)
+                       include_usage=bool(options.get("include_usage")) and stream,
+                       n=n, logprobs=bool(logprobs), top_logprobs=top)
 
 
 def _response_format(fmt) -> dict | None:
@@ -185,6 +215,21 @@ def failure_response(job: Job) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def _entry(token, logprob: float) -> dict:
+    return {"token": token.text, "logprob": logprob, "bytes": list(token.raw)}
+
+
+def logprobs_body(tokenizer, ids: list[int], trace: list) -> dict:
+    """OpenAI's logprobs object for these generated tokens: {"content": [{token, logprob, bytes, top_logprobs}],
+    "refusal": None}. `trace` is the Job's logprob_trace, one (logprob, [(id, logprob), ...]) per token."""
+    from ..text.tokenization import tokens_of
+    content = []
+    for token, (logprob, top) in zip(tokens_of(tokenizer, ids), trace):
+        others = tokens_of(tokenizer, [i for i, _ in top])
+        content.append({**_entry(token, logprob), "top_logprobs": [_entry(t, lp) for t, (_, lp) in zip(others, top)]})
+    return {"content": content, "refusal": None}
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -194,17 +239,24 @@ async def chunk_events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: s
                   include_usage: bool = False):
     """Server-sent events in OpenAI's chunk format; a disconnect marks the job cancelled. With include_usage,
     a last chunk with no choices carries the token counts (stream_options: {"include_usage": true})."""
+    ids, sent = [], 0  # the tokens so far; how many of them a chunk's logprobs have covered
+
     def chunk(delta: dict, finish=None, **extra) -> str:
+        nonlocal sent
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        if job.logprobs is not None and delta is not None:
+            choice["logprobs"] = logprobs_body(tokenizer, ids[sent:], job.logprob_trace[sent:len(ids)])
+            sent = len(ids)
         body = {"id": job.name, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if delta is not None else []}
+                "choices": [choice] if delta is not None else []}
         if include_usage:
             body["usage"] = extra.get("usage")
         return "data: " + json.dumps(body) + "\n\n"
-    out, count = TextOut(tokenizer, getattr(job.stopper, "stop_strings", ())), 0  # a stop string is never sent
+    out = TextOut(tokenizer, getattr(job.stopper, "stop_strings", ()))  # a stop string is never sent
     try:
         yield chunk({"role": "assistant", "content": ""})
         while (token := await tokens.get()) is not None:
-            count += 1
+            ids.append(token)
             piece = out.push(token)
             if piece:
                 yield chunk({"content": piece})
@@ -216,7 +268,7 @@ async def chunk_events(job: Job, tokens: asyncio.Queue, tokenizer, model_name: s
             return
         yield chunk({}, FINISH_REASON.get(job.finish_reason, "stop"))
         if include_usage:
-            yield chunk(None, usage=usage(prompt_tokens, count))
+            yield chunk(None, usage=usage(prompt_tokens, len(ids)))
         yield "data: [DONE]\n\n"
     finally:
         if job.finish_reason == "":  # the client went away before the end: stop generating for it

@@ -7,7 +7,9 @@ GET /health; `start_server` runs it with uvicorn on 127.0.0.1 only, on the port 
 returns a handle whose stop() shuts everything down. Requests are read by openai_api (OpenAI's
 dialect and defaults; every error, unknown routes included, in OpenAI's error shape); stop strings
 go through the same request.Stopper as in a notebook; response_format (json_schema, json_object)
-puts lesson 15's grammar mask in front of the picker. max_tokens above the cap is clamped to it
+puts lesson 15's grammar mask in front of the picker; n > 1 makes n jobs (answer i seeded with seed + i; on the paged
+cache they fork the first one's prompt blocks) and logprobs / top_logprobs come back in OpenAI's shape
+(`chat_jobs`, `choice_body`). max_tokens above the cap is clamped to it
 (the header x-max-tokens-clamped says so); a client that disconnects, streaming or not, is dropped
 from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
 network, with a generated API key and a concurrency cap.
@@ -35,8 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..text.context import context_ids
 from .engine_thread import KV_CACHES, EngineThread, paged_engine
-from .openai_api import (ApiError, ChatRequest, chunk_events, error_body, failure_response, parse_chat_request,
-                         usage)
+from .openai_api import (ApiError, ChatRequest, chunk_events, error_body, failure_response, logprobs_body,
+                         parse_chat_request, usage)
 from ..engine.request import FAILURES, FINISH_REASON, Job, Stopper, end_of_turn_ids
 from ..engine.text_out import cut_at_stop
 from ..engine.sampling import SamplingConfig, greedy, make_sampler
@@ -128,7 +130,7 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         except (ValueError, UnicodeDecodeError) as err:
             return _error(400, f"malformed JSON: {err}")
         try:
-            req = parse_chat_request(payload, model_name=model_name)
+            req = parse_chat_request(payload, model_name=model_name, max_n=max_batch)
             sampling = SamplingConfig(temperature=req.temperature, top_p=req.top_p)
         except ApiError as err:
             return _error(err.status, err.message, err.kind, err.param, err.code)
@@ -148,62 +150,95 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         if fits is not None:  # note: what the whole pool can hold, so a request is never cut short after it began
             allowed = min(allowed, engine.batch.capacity - len(prompt))
         try:
-            job = chat_job(req, sampling, tokenizer, prompt, allowed, stop_ids, window)
+            jobs = chat_jobs(req, sampling, tokenizer, prompt, allowed, stop_ids, window)
         except SchemaError as err:
             return _error(400, str(err), param="response_format", code="invalid_schema")
         headers = {"x-max-tokens-clamped": str(allowed)} if allowed < req.max_tokens else {}
-        loop, tokens = asyncio.get_running_loop(), asyncio.Queue()
+        loop, tokens = asyncio.get_running_loop(), asyncio.Queue()  # (choice, token), None at each end; a stream: tokens
         in_flight[0] += 1
+        left = [len(jobs)]
 
-        def on_token(token):
-            if token is None:
-                in_flight[0] -= 1
-            loop.call_soon_threadsafe(tokens.put_nowait, token)
+        def listener(index):
+            def on_token(token):
+                if token is None:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        in_flight[0] -= 1
+                loop.call_soon_threadsafe(tokens.put_nowait, token if token is None or req.stream else (index, token))
+            return on_token
 
-        engine.submit(job, on_token)
+        engine.submit_all([(job, listener(i)) for i, job in enumerate(jobs)])
         created = int(time.time())
         if req.stream:
-            return StreamingResponse(chunk_events(job, tokens, tokenizer, model_name, created, len(prompt), req.include_usage),
+            return StreamingResponse(chunk_events(jobs[0], tokens, tokenizer, model_name, created, len(prompt),
+                                                  req.include_usage),
                                      headers=headers, media_type="text/event-stream")
-        ids, checked = [], loop.time()
-        while True:
+        ids, ended, checked = [[] for _ in jobs], 0, loop.time()
+        while ended < len(jobs):
             try:
-                token = await asyncio.wait_for(tokens.get(), timeout=0.25)
+                item = await asyncio.wait_for(tokens.get(), timeout=0.25)
             except asyncio.TimeoutError:
-                token = ...  # nothing yet
+                item = ...  # nothing yet
             if loop.time() - checked > 0.25:  # note: look for a vanished client a few times a second
                 checked = loop.time()
                 if await request.is_disconnected():  # it went away: stop generating for it
-                    job.cancelled = True
+                    for job in jobs:
+                        job.cancelled = True
                     return JSONResponse(error_body("client disconnected"), status_code=499)
-            if token is None:
-                break
-            if token is not ...:
-                ids.append(token)
-        if job.finish_reason in FAILURES:
-            return failure_response(job)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
-        if job.finish_reason == "stop_string":  # the stop string ends the answer and is not part of it
-            text = cut_at_stop(text, job.stopper.stop_strings)
+            if item is None:
+                ended += 1
+            elif item is not ...:
+                ids[item[0]].append(item[1])
+        failed = [job for job in jobs if job.finish_reason in FAILURES]
+        if failed:
+            return failure_response(failed[0])
         return JSONResponse({
-            "id": job.name, "object": "chat.completion", "created": created, "model": model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": FINISH_REASON.get(job.finish_reason, "stop")}],
-            "usage": usage(len(prompt), len(ids))}, headers=headers)
+            "id": jobs[0].name, "object": "chat.completion", "created": created, "model": model_name,
+            "choices": [choice_body(i, job, answer, tokenizer) for i, (job, answer) in enumerate(zip(jobs, ids))],
+            "usage": usage(len(prompt), sum(len(a) for a in ids))}, headers=headers)
 
     return app
 
 
+def choice_body(index: int, job: Job, ids: list[int], tokenizer) -> dict:
+    """One choice of a chat.completion: the answer's text (cut at a stop string, which is not part of it), its
+    finish_reason and, when asked for, its logprobs (every generated token, the end-of-turn one included)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if job.finish_reason == "stop_string":  # the stop string ends the answer and is not part of it
+        text = cut_at_stop(text, job.stopper.stop_strings)
+    body = {"index": index, "message": {"role": "assistant", "content": text},
+            "finish_reason": FINISH_REASON.get(job.finish_reason, "stop")}
+    if job.logprobs is not None:
+        body["logprobs"] = logprobs_body(tokenizer, ids, job.logprob_trace)
+    return body
+
+
 def chat_job(req: ChatRequest, sampling: SamplingConfig, tokenizer, prompt: list[int], allowed: int, stop_ids,
-             window: int) -> Job:
-    """The engine's Job for a checked chat request: its picker (greedy at temperature 0, else a seeded sampler),
-    with lesson 15's grammar mask in front when the request asks for a JSON schema (SchemaError if the schema is
-    not one the mask handles), and its Stopper (end of turn, the request's stop strings, the allowance)."""
-    pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=req.seed)
+             window: int, index: int = 0, name: str | None = None) -> Job:
+    """The engine's Job for a checked chat request (its answer number `index`): its picker (greedy at temperature 0,
+    else a sampler seeded with seed + index), with lesson 15's grammar mask in front when the request asks for a
+    JSON schema (SchemaError if the schema is not one the mask handles), and its Stopper (end of turn, the
+    request's stop strings, the allowance)."""
+    seed = None if req.seed is None else req.seed + index
+    pick = None if sampling.temperature == 0 else make_sampler(sampling, seed=seed)
     if req.schema is not None:  # structured output: a grammar mask in front of the picker (lesson 15)
         pick = masked_pick(SchemaMask(tokenizer, req.schema), pick or greedy)
-    return Job(f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids, pick,
-               stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop), cache_salt=req.cache_salt)
+    return Job(name or f"chatcmpl-{uuid.uuid4().hex[:12]}", prompt, allowed, stop_ids, pick,
+               stopper=Stopper(tokenizer, stop_ids, allowed, window - len(prompt), req.stop), cache_salt=req.cache_salt,
+               logprobs=req.keep_logprobs)
+
+
+def chat_jobs(req: ChatRequest, sampling: SamplingConfig, tokenizer, prompt: list[int], allowed: int, stop_ids,
+              window: int) -> list[Job]:
+    """The request's n Jobs: the first reads the prompt, the others fork it (`fork_of`: on the paged cache they
+    share its blocks, copy-on-write; a contiguous batch prefills each). Answer i is sampled with seed + i, so it
+    equals the same request sent alone with n = 1 and that seed."""
+    first = chat_job(req, sampling, tokenizer, prompt, allowed, stop_ids, window)
+    rest = [chat_job(req, sampling, tokenizer, prompt, allowed, stop_ids, window, i, f"{first.name}-{i}")
+            for i in range(1, req.n)]
+    for job in rest:
+        job.fork_of = first.name
+    return [first, *rest]
 
 
 def free_port() -> int:

@@ -12,7 +12,9 @@
 # - read a block table, and see a long document's blocks shared by several questions;
 # - time the first token with and without a prefix hit, and run a full pool under three policies;
 # - watch a long prompt stall the running requests, then read it in chunks within a token budget, and
-#   replay a small mixed load against the server both ways.
+#   replay a small mixed load against the server both ways;
+# - serve several answers to one prompt by forking its blocks (copy-on-write), and see what a vote over
+#   the answers buys on sums a program can check.
 
 # %% [markdown]
 # ## Set-up
@@ -464,7 +466,97 @@ else:
 # machine; yours will differ, and a busy machine can reorder close lines.
 
 # %% [markdown]
-# ## 7. What production servers add
+# ## 7. Several answers to one prompt: fork the blocks, copy on write
+#
+# A client may ask for several answers to the same prompt (`n` in OpenAI's API), to choose one or to let
+# them vote. Sent as n separate requests, the prompt is read n times and held n times. A paged pool can
+# share it instead: the first answer reads the prompt, and each of the others **forks** it
+# (`BlockPool.fork`): it takes the same block table, every block's reference count goes up by one, and
+# nothing is copied. The prompt's full blocks are never written again, so they stay shared to the end.
+# Its last block is only partly full, and every answer writes its first new token there, so the first
+# write into it copies it (copy-on-write, `BlockPool.writable`). Each answer has its own sampler and seed,
+# so the answers differ from their first token on.
+#
+# `fork.n_fork` runs n sampled answers to the handbook question both ways through the scheduler, with
+# the prefix cache off so that nothing but the fork shares a block, and counts the blocks in use at the
+# peak. The bound it checks: the prompt's full blocks once, then each answer's own blocks (its copy of
+# the partial block included).
+
+# %%
+from course_lib.measure import fork
+from course_lib.views import plots_fork
+
+forked = fork.n_fork(ours, tokenizer, (1, 4, 8), new_tokens=16)
+print(f"prompt: {forked['prompt_tokens']:,} tokens, {forked['new_tokens']} new tokens per answer")
+for n, row in forked["rows"].items():
+    print(f"n = {n}: forked {row['fork_peak_blocks']} blocks (bound {row['fork_bound_blocks']}), "
+          f"{row['fork_prompt_tokens_read']:,} prompt tokens read, {row['fork_seconds']:.1f} s | separate "
+          f"{row['separate_peak_blocks']} blocks, {row['separate_prompt_tokens_read']:,} read, "
+          f"{row['separate_seconds']:.1f} s | same answers both ways: {row['same_answers']}")
+plots_fork.plot_fork_blocks(forked)
+plt.show()
+
+# %% [markdown]
+# Read the two bars at each n: separate requests grow by a whole prompt per answer, the forked ones by
+# an answer's few blocks. The prompt tokens read tell the same story for compute: one prefill instead of
+# n. The answers are equal both ways because answer i is drawn with seed i either way, from the same
+# logits: the fork changes where keys and values live, not what they are.
+#
+# Lesson 10's server takes `n` now. It makes n jobs; on the paged cache the first one reads the prompt
+# and the others fork it, and answer i uses `seed + i`, so it equals the request sent alone with that
+# seed. It also returns `logprobs` and `top_logprobs` in OpenAI's shape: each chosen token's
+# log-probability under the model's own distribution (before temperature or top-p), with the likeliest
+# alternatives beside it.
+
+# %%
+import openai
+
+server = start_server(ours, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
+client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", max_retries=0)
+reply = client.chat.completions.create(model="smollm2-135m-instruct", n=3, seed=1, temperature=1.0, max_tokens=12,
+                                       messages=[{"role": "user", "content": "Name a colour."}],
+                                       logprobs=True, top_logprobs=3)
+for choice in reply.choices:
+    print(choice.index, repr(choice.message.content))
+print("\nanswer 0, token by token: chosen (log-probability) | the three likeliest")
+for entry in reply.choices[0].logprobs.content[:6]:
+    others = ", ".join(f"{t.token!r} {t.logprob:.2f}" for t in entry.top_logprobs)
+    print(f"{entry.token!r:>12} ({entry.logprob:.2f}) | {others}")
+print("forked answers so far:", server.app.state.engine.batch.forked)
+server.stop()
+
+# %% [markdown]
+# Several answers are also the simplest way to spend more compute at answer time: sample N answers and
+# take the most common one (self-consistency, Wang et al., 2022). It needs answers a program can check.
+# `fork.sums` asks the model to add two one-digit numbers in words; `fork.said_number` reads the number
+# an answer gives (the first after "=" or "equals", else its last: the model writes its working first). Below: greedy, then eight answers per
+# question at temperature 0.7, forked from one prompt read, and the vote of the first N for each N.
+
+# %%
+best = fork.self_consistency(ours, tokenizer, fork.sums(8), ns=(1, 2, 4, 8), new_tokens=32, temperature=0.7)
+for q in best["per_question"][:4]:
+    print(f"{q['question']} = {q['answer']}: greedy said {q['greedy']}, the samples said {q['sampled']}")
+print("greedy:", f"{best['greedy_accuracy']:.0%}", "| vote of N:",
+      {n: f"{a:.0%}" for n, a in best["accuracy"].items()})
+top = str(max(best["ns"]))
+verdict = ("beat" if best["accuracy"][top] > best["greedy_accuracy"] else
+           "tied" if best["accuracy"][top] == best["greedy_accuracy"] else "fell below")
+print(f"in this run the vote of {top} {verdict} greedy, for {best['answer_tokens_per_question'][top] / best['greedy_tokens_per_question']:.1f}x "
+      "its answer tokens")
+plots_fork.plot_votes(best)
+plt.show()
+
+# %% [markdown]
+# Read the points from left to right: each doubling of N doubles the answer tokens. Whether the vote
+# climbs above greedy depends on whether the right answer is the model's most common one: a vote can only
+# amplify what single samples get right more often than any one wrong answer, and sampling at a
+# temperature also makes each single answer worse than greedy's on a small model (compare N = 1 with the
+# star). The last printed line says how the vote of eight did here. Eight questions are too few to
+# separate close points: the bench's `best_of` section runs forty. Larger models on harder problems are
+# where the published gains come from.
+
+# %% [markdown]
+# ## 8. What production servers add
 #
 # The mechanism here is the one vLLM introduced as PagedAttention (Kwon et al., "Efficient Memory
 # Management for Large Language Model Serving with PagedAttention", SOSP 2023): blocks, block tables,
@@ -478,7 +570,7 @@ else:
 #   (Zheng et al., "SGLang: Efficient Execution of Structured Language Model Programs", 2024); vLLM's
 #   automatic prefix caching uses chained block hashes, as here;
 # - prompt chunks and decode rows packed into one call (section 6 runs them as two calls in one step),
-#   blocks swapped to CPU memory, copy-on-write for parallel samples, and one pool spread over many GPUs.
+#   blocks swapped to CPU memory, beam search on forked sequences, and one pool spread over many GPUs.
 #
 # Lesson 07's simulation gave a full server three options: turn new requests away, drop older
 # conversations, or pause one and recompute it later. Section 4 measured the first, the third (vLLM's
@@ -497,6 +589,9 @@ else:
 #   tokens it gets alone; one pays in waiting, the other in recomputed work (section 4 timed both).
 # - A token budget per step reads long prompts in chunks: the running requests keep getting tokens while
 #   a long prompt arrives (section 6 measured the longest wait against the budget, and what it costs).
+# - n answers to one prompt share its full blocks by reference count and copy only the partial last block
+#   when they first write into it: one prompt read, one prompt held (section 7 counted the blocks). A vote
+#   over sampled answers helps only where the right answer is the model's most common one.
 #
 # ---
 # ## Exercises
@@ -552,6 +647,17 @@ def steps_to_read(prompt_tokens, token_budget, running):
     raise NotImplementedError
 
 ex.check_steps_to_read(steps_to_read)
+
+# %% [markdown]
+# **5.** Write `fork_blocks(prompt_tokens, answer_tokens, block_size=16)`: the blocks the pool holds for
+# several answers forked from one prompt, answer i having `answer_tokens[i]` tokens (each at least one).
+
+# %%
+def fork_blocks(prompt_tokens, answer_tokens, block_size=16):
+    ...  # your code here
+    raise NotImplementedError
+
+ex.check_fork_blocks(fork_blocks)
 
 # %% [markdown]
 # **Next:** 14 · speculative decoding: several tokens checked in one pass, the same answer.
