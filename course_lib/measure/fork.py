@@ -28,12 +28,14 @@ VOTE_NS = (1, 2, 4, 8)
 
 
 def sampled_jobs(prompt: list[int], n: int, new_tokens: int, stop_ids, temperature: float, fork: bool,
-                 name: str = "a") -> list:
-    """n Jobs for one prompt, answer i sampled with seed i; with `fork`, answers 1..n-1 fork answer 0's blocks."""
+                 name: str = "a", first_seed: int = 0) -> list:
+    """n Jobs for one prompt, answer i sampled with seed first_seed + i; with `fork`, answers 1..n-1 fork answer
+    0's blocks."""
     from ..engine.request import Job
     from ..engine.sampling import SamplingConfig, make_sampler
     config = SamplingConfig(temperature=temperature)
-    jobs = [Job(f"{name}{i}", list(prompt), new_tokens, stop_ids, pick=make_sampler(config, seed=i)) for i in range(n)]
+    jobs = [Job(f"{name}{i}", list(prompt), new_tokens, stop_ids, pick=make_sampler(config, seed=first_seed + i))
+            for i in range(n)]
     for job in jobs[1:]:
         job.fork_of = jobs[0].name if fork else ""
     return jobs
@@ -106,7 +108,9 @@ def vote(numbers: list) -> int | None:
 def self_consistency(model, tokenizer, questions: list[tuple[str, int]], ns=VOTE_NS, new_tokens: int = 40,
                      temperature: float = 0.7) -> dict:
     """Greedy, then max(ns) sampled answers per question (forked from one prompt read), and the vote of the first
-    N for each N: accuracy against N and the answer tokens each N cost per question."""
+    N for each N: accuracy against N and the answer tokens each N cost per question. Question q's answers use seeds
+    1000 q + i: the same seeds for every question would draw the same random numbers for each (answer 1 would
+    then run long on every question, measured)."""
     from ..text.context import chat_ids
     from ..engine.generation import run_paged
     from ..engine.request import Job, end_of_turn_ids
@@ -121,7 +125,7 @@ def self_consistency(model, tokenizer, questions: list[tuple[str, int]], ns=VOTE
         prompt = chat_ids(tokenizer, question)
         pool = BlockPool.for_model(model, (top + 1) * blocks_for(len(prompt) + new_tokens + 1))
         greedy = Job(f"g{q}", list(prompt), new_tokens, stop)
-        jobs = sampled_jobs(prompt, top, new_tokens, stop, temperature, fork=True, name=f"s{q}-")
+        jobs = sampled_jobs(prompt, top, new_tokens, stop, temperature, fork=True, name=f"s{q}-", first_seed=1000 * q)
         run_paged(model, [greedy] + jobs, pool, max_batch=top + 1)
         said = [said_number(tokenizer.decode(j.tokens, skip_special_tokens=True)) for j in jobs]
         greedy_said = said_number(tokenizer.decode(greedy.tokens, skip_special_tokens=True))

@@ -550,7 +550,7 @@ plt.show()
 # Read the points from left to right: each doubling of N doubles the answer tokens. Whether the vote
 # climbs above greedy depends on whether the right answer is the model's most common one: a vote can only
 # amplify what single samples get right more often than any one wrong answer, and sampling at a
-# temperature also makes each single answer worse than greedy's on a small model (compare N = 1 with the
+# temperature can also make a single answer worse than greedy's on a small model (compare N = 1 with the
 # star). The last printed line says how the vote of eight did here. Eight questions are too few to
 # separate close points: the bench's `best_of` section runs forty. Larger models on harder problems are
 # where the published gains come from.
