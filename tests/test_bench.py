@@ -190,3 +190,16 @@ def test_the_vote_and_the_reader_of_numbers():
     questions = sums(5, seed=1)
     assert questions == sums(5, seed=1) and all(q == f"What is {q[8:-1]}?" for q, _ in questions)
     assert all(answer == eval(q[8:-1]) for q, answer in questions)  # noqa: S307 - our own "a + b"
+
+
+@pytest.mark.slow
+def test_fleet_section_reports_its_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="fleet", progress=False)
+    tp, disagg = result["fleet"]["tp"], result["fleet"]["disagg"]
+    assert tp["world"] == 3 and tp["same_tokens"] and tp["max_logit_difference"] < 1e-3
+    assert 0 < tp["allreduce_share"] < 1 and tp["rank_bytes"] < tp["one_process_bytes"]
+    rows = disagg["formats"]
+    assert set(rows) == {"float32", "bfloat16", "int8"} and rows["float32"]["same_tokens"]
+    assert rows["float32"]["bytes_per_prompt_token"] == 2 * 30 * 3 * 64 * 4  # keys and values, layers, heads, dims
+    assert rows["int8"]["bytes"] < rows["bfloat16"]["bytes"] == rows["float32"]["bytes"] // 2
+    assert all(what in format_report(result) for what, _, _ in targets(result))

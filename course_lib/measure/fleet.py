@@ -62,17 +62,18 @@ def _report(result: dict) -> list:
 
 SECTION = Section("fleet", "lesson 18: the model split over processes (tensor parallelism, gloo)",
                   lambda m, t, q: {"fleet": {"tp": tp_figures(m, t, 4 if q else 32),
-                                             "disagg": disagg_figures(m, t, 4 if q else 16)}}, _targets, _report)
+                                             "disagg": disagg_figures(m, t, 4 if q else 16, short=q)}}, _targets, _report)
 
 
-def disagg_figures(model, tokenizer, new_tokens: int = 16) -> dict:
-    from ..text.context import HANDBOOK_QUESTIONS, handbook_ids
+def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False) -> dict:
+    """short: a one-line question instead of the 1,127-token handbook prompt (the bench's --quick)."""
+    from ..text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
     from ..engine.generation import generate
     from ..runner.blocks import blocks_for
     from ..runner.model import Model
     from ..serve import disagg
     ours = model if isinstance(model, Model) else Model.from_transformers(model.float(), dtype=torch.float32)
-    prompt = handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
+    prompt = chat_ids(tokenizer, HANDBOOK_QUESTIONS[0]) if short else handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
     alone = generate(ours, tokenizer, prompt, new_tokens, stop_ids=()).token_ids
     worker = disagg.PrefillProcess().start()
     rows = {}
