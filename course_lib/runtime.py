@@ -2,7 +2,8 @@
 
 What it does: turns a device request ("auto", "cpu", "cuda", "cuda:1", "mps") into a checked
 `torch.device`, picks the dtype that device runs best (bfloat16 on CUDA, float32 elsewhere), seeds
-every random generator, and times work the way gpt-fast does (synchronize, perf_counter, warm-up).
+every random generator, times work the way gpt-fast does (synchronize, perf_counter, warm-up), and finds a
+free loopback port (`free_port`: the server, the tensor-parallel group and the prefill process listen there).
 Overrides: COURSE_DEVICE and COURSE_DTYPE environment variables, read when a function is called.
 What it does not do: move models or pick a GPU among several for you (ask for "cuda:N").
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -143,6 +145,13 @@ def cpu_bfloat16() -> str:
     except (OSError, StopIteration):
         pass
     return "unknown"
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def median(values) -> float:

@@ -478,6 +478,13 @@ def test_forks_of_a_leader_that_leaves_early_run_alone(small, tokenizer, stop, a
         step(batch)
     assert group[0].finish_reason == "cancelled" and group[1].tokens == alone(small, prompt)[:8]
     assert batch.forked == 0 and pool.manager.num_used == 0
+    # a sibling listed before its leader, the leader then refused (its allowance cannot fit): the sibling runs alone
+    batch = PagedScheduler(small, BlockPool.for_model(small, 6))
+    group = [Job("b", prompt, 8, stop, fork_of="a"), Job("a", prompt, 500, stop)]
+    batch.add(group)
+    while batch.jobs:
+        step(batch)
+    assert group[1].finish_reason == REJECTED and group[0].tokens == alone(small, prompt)[:8]
 
 
 def test_a_fork_group_that_cannot_run_side_by_side_is_refused(small, tokenizer, stop):

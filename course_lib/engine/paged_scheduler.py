@@ -103,7 +103,7 @@ class PagedScheduler(Clock):
             leader = leaders.get(job.fork_of)
             if leader is not None and (leader.prompt != job.prompt or leader.cache_salt != job.cache_salt):
                 raise ValueError(f"job {job.name!r} forks {leader.name!r} but their prompts (or cache salts) differ")
-            group = 1 + sum(1 for j in newcomers if j.fork_of == job.name and j.fork_of in leaders)
+            group = 1 + sum(1 for j in newcomers if j.fork_of == job.name) if job.name in leaders else 1
             if group > self.max_batch:
                 raise ValueError(f"job {job.name!r} asks for {group} answers but this scheduler runs at most "
                                  f"{self.max_batch} rows at once")
@@ -114,11 +114,14 @@ class PagedScheduler(Clock):
                 self.events.append((job.end, job.name, REJECTED))
                 continue
             job.default_stopper(self.window)
-            if job.fork_of in leaders and not leaders[job.fork_of].finish_reason:  # waits to share its leader's prompt
+            if job.fork_of in leaders:  # waits to share its leader's prompt
                 self.held.setdefault(job.fork_of, []).append(job)
                 self.events.append((self.now(), job.name, "held"))
                 continue
             self._queue(job)
+        for name in [n for n in self.held if leaders.get(n) is not None and leaders[n].finish_reason]:
+            for orphan in self.held.pop(name):  # its leader was refused above: each goes alone
+                self._queue(orphan)
 
     def _queue(self, job: Job) -> None:
         self.seqs[job.name] = Sequence(list(job.prompt), salt=job.cache_salt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..runner.blocks import BLOCK_SIZE, Sequence, blocks_for
 from ..runner.paged import BlockPool, footprint
-from . import safely, verdict
+from . import fresh, off, safely, verdict
 
 
 def check_blocks_needed(blocks_needed) -> bool:
@@ -93,15 +93,18 @@ def fork_footprint(prompt_tokens: int, answer_tokens: list[int], block_size: int
 
 def check_fork_blocks(fork_blocks) -> bool:
     """fork_blocks(prompt_tokens, answer_tokens, block_size=16) -> blocks the pool holds for len(answer_tokens)
-    answers forked from one prompt, answer i having answer_tokens[i] tokens (each at least one)."""
+    answers forked from one prompt, answer i having answer_tokens[i] tokens (each at least one). One case is drawn
+    anew at every run, so a table of the fixed cases' answers does not pass."""
+    rng = fresh()
+    drawn = (rng.randint(1, 3000), [rng.randint(1, 200) for _ in range(rng.randint(1, 8))], rng.choice([4, 16, 32]))
     for case in [(1127, [16, 16, 16, 16], 16), (40, [5, 5], 16), (32, [3, 20, 1], 16), (1127, [30], 16),
-                 (10, [2, 2, 9], 4)]:
+                 (10, [2, 2, 9], 4), drawn]:
         ok, got = safely(fork_blocks, *case)
         if not ok:
             return verdict(False, "", got)
         want = fork_footprint(*case)
         if got != want:
-            return verdict(False, "", f"for {case} you said {got!r}, the pool holds {want}. Hint: the prompt's full "
+            return verdict(False, "", f"for {case} you said {got!r}: {off(got, want)}. Hint: the prompt's full "
                            "blocks are held once by all the answers; its partial last block is copied by each answer "
                            "that writes into it (copy-on-write); then each answer fills blocks of its own")
     return verdict(True, "four 16-token answers to the 1,127-token handbook question hold 78 blocks forked, "

@@ -72,7 +72,7 @@ def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False) 
     from ..runner.blocks import blocks_for
     from ..runner.model import Model
     from ..serve import disagg
-    ours = model if isinstance(model, Model) else Model.from_transformers(model.float(), dtype=torch.float32)
+    ours = Model.from_transformers(model, dtype=torch.float32)
     prompt = chat_ids(tokenizer, HANDBOOK_QUESTIONS[0]) if short else handbook_ids(tokenizer, HANDBOOK_QUESTIONS[0])
     alone = generate(ours, tokenizer, prompt, new_tokens, stop_ids=()).token_ids
     worker = disagg.PrefillProcess().start()

@@ -144,8 +144,7 @@ def self_consistency(model, tokenizer, questions: list[tuple[str, int]], ns=VOTE
 
 def _ours(model):
     from ..runner.model import Model
-    library = model if model.dtype == torch.float32 else model.float()
-    return Model.from_transformers(library, dtype=torch.float32)
+    return Model.from_transformers(model, dtype=torch.float32)  # note: a float32 copy; the caller's model is untouched
 
 
 def _serving_targets(result: dict) -> list:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import multiprocessing
 import queue as queues
-import socket
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from ..runtime import free_port
 from .attention import apply_rotary, rms_norm, rotary_cos_sin
 
 
@@ -123,12 +123,6 @@ def forward(shard: Shard, ids: torch.Tensor, cache: list, start: int, reduce) ->
         reduce(f)
         x = x + f
     return rms_norm(x, shard.final_norm, shard.eps) @ shard.embed.T
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int, state, config, prompt: list[int], steps: int, threads: int, out) -> None:

@@ -204,7 +204,7 @@ class PrefillProcess:
     payload, seconds on the wire and waiting), stop()."""
 
     def __init__(self, port: int | None = None, threads: int = 1):
-        from .serving import free_port
+        from ..runtime import free_port
         self.port = port or free_port()
         context = multiprocessing.get_context("spawn")
         self.ready = context.Event()

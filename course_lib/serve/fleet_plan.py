@@ -15,7 +15,7 @@ published figures for the accelerator), model queueing beyond utilisation, or pr
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,6 @@ def plan(model: ModelShape, device: Device, work: Workload) -> dict:
 
 def curve(model: ModelShape, device: Device, work: Workload, rates: list[float]) -> list[dict]:
     """plan() at each request rate (the other inputs unchanged)."""
-    from dataclasses import replace
     return [plan(model, device, replace(work, rate=r)) for r in rates]
 
 

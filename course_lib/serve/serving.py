@@ -26,7 +26,6 @@ import asyncio
 from contextlib import asynccontextmanager
 import json
 import secrets
-import socket
 import threading
 import time
 import uuid
@@ -35,6 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..runtime import free_port  # noqa: F401 - lessons and tests import it from here, beside start_server
 from ..text.context import context_ids
 from .engine_thread import KV_CACHES, EngineThread, paged_engine
 from .openai_api import (ApiError, ChatRequest, chunk_events, error_body, failure_response, logprobs_body,
@@ -239,13 +239,6 @@ def chat_jobs(req: ChatRequest, sampling: SamplingConfig, tokenizer, prompt: lis
     for job in rest:
         job.fork_of = first.name
     return [first, *rest]
-
-
-def free_port() -> int:
-    """A free TCP port on the loopback interface."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerHandle:

@@ -475,7 +475,7 @@ else:
 # nothing is copied. The prompt's full blocks are never written again, so they stay shared to the end.
 # Its last block is only partly full, and every answer writes its first new token there, so the first
 # write into it copies it (copy-on-write, `BlockPool.writable`). Each answer has its own sampler and seed,
-# so the answers differ from their first token on.
+# so the answers may part from their first token on.
 #
 # `fork.n_fork` runs n sampled answers to the handbook question both ways through the scheduler, with
 # the prefix cache off so that nothing but the fork shares a block, and counts the blocks in use at the
@@ -529,8 +529,9 @@ server.stop()
 # Several answers are also the simplest way to spend more compute at answer time: sample N answers and
 # take the most common one (self-consistency, Wang et al., 2022). It needs answers a program can check.
 # `fork.sums` asks the model to add two one-digit numbers in words; `fork.said_number` reads the number
-# an answer gives (the first after "=" or "equals", else its last: the model writes its working first). Below: greedy, then eight answers per
-# question at temperature 0.7, forked from one prompt read, and the vote of the first N for each N.
+# an answer gives (the first after "=" or "equals", else its last: the model writes its working first).
+# Below: greedy, then eight answers per question at temperature 0.7, forked from one prompt read, and the
+# vote of the first N for each N.
 
 # %%
 best = fork.self_consistency(ours, tokenizer, fork.sums(8), ns=(1, 2, 4, 8), new_tokens=32, temperature=0.7)
@@ -547,7 +548,7 @@ plots_fork.plot_votes(best)
 plt.show()
 
 # %% [markdown]
-# Read the points from left to right: each doubling of N doubles the answer tokens. Whether the vote
+# Read the points from left to right: each doubling of N about doubles the answer tokens. Whether the vote
 # climbs above greedy depends on whether the right answer is the model's most common one: a vote can only
 # amplify what single samples get right more often than any one wrong answer, and sampling at a
 # temperature can also make a single answer worse than greedy's on a small model (compare N = 1 with the
