@@ -1,3 +1,5 @@
+import numpy
+
 from course_lib.measure.speed import cached_run, uncached_run
 
 model = tokenizer = None
@@ -16,8 +18,10 @@ def ratio(prompt, n_new=48):
 
 
 def long_step_prediction(context=3000):
-    """A straight line through the step's cost at two shorter contexts, extended to `context`."""
-    from course_lib.measure.prefill_decode import decode_seconds
-    short, longer = 200, 1200
-    a, b = decode_seconds(model, tokenizer, [short, longer])
-    return 1000 * (a + (b - a) * (context - short) / (longer - short))
+    """A least-squares line through the step's cost at four shorter contexts (each the median of 9 steps),
+    extended to `context`: a line through two points lets one slow step tilt it."""
+    from course_lib.measure.prefill_decode import decode_timings
+    xs = [500, 1000, 1500, 2000]
+    ys = [t.median * 1000 for t in decode_timings(model, tokenizer, xs, steps=9)]
+    slope, intercept = numpy.polyfit(xs, ys, 1)
+    return float(intercept + slope * context)

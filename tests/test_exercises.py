@@ -421,6 +421,18 @@ def test_predict_then_measure(model, tokenizer, capital_logits, capsys):
     assert not check_prediction(2.1, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
     assert not check_prediction(0.49, lambda: 1.0, unit="s", what="", tolerance=2, hint="")
 
+    # timed=True: a near miss is measured twice more and judged by the median; a far miss, or an untimed check, once
+    runs = iter([1.0, 0.8, 0.8])
+    assert check_prediction(0.75, lambda: next(runs), unit="s", what="", tolerance=1.2, hint="", timed=True)
+    assert "the median of 1, 0.8, 0.8" in capsys.readouterr().out
+    runs = iter([1.0, 0.8, 1.1])
+    assert not check_prediction(0.75, lambda: next(runs), unit="s", what="", tolerance=1.2, hint="", timed=True)
+    calls = []
+    assert not check_prediction(3.0, lambda: calls.append(1) or 1.0, unit="s", what="", tolerance=1.2, hint="",
+                                timed=True)
+    assert not check_prediction(0.75, lambda: calls.append(1) or 1.0, unit="s", what="", tolerance=1.2, hint="")
+    assert len(calls) == 2
+
 
 def test_predict_then_measure_in_the_other_lessons(model, tokenizer):
     """Lessons 00, 01, 02, 10, 14, 15, 16 and 17: a prediction reasoned from the lesson's own numbers passes, and the

@@ -72,5 +72,5 @@ def check_loop_share_prediction(prediction, model, tokenizer, context_ids: list[
         r = generate(model, tokenizer, list(context_ids), max_new_tokens=n, stop_ids=())
         return (r.steps[-1].at - r.steps[0].at) / r.steps[-1].at  # after the first token / until the last
     return check_prediction(prediction, measure, unit="share of the time", what=f"in the decode loop for {n} tokens",
-                            tolerance=1.1, hint="The first token's cost (prefill) is paid once; every further token "
+                            tolerance=1.1, timed=True, hint="The first token's cost (prefill) is paid once; every further token "
                                                 "adds one decode step, so the loop's share grows with the answer")

@@ -96,5 +96,5 @@ def check_pass_prediction(prediction_ms, model, ids: list[int], n: int = 64, tol
     return check_prediction(prediction_ms, lambda: time_it(lambda: forward_logits(model, tokens), model.device,
                                                            repeats=3).best * 1000,
                             unit="ms", what=f"for one pass over {n} tokens", tolerance=tolerance,
-                            hint="One pass reads each weight once for all its tokens, so it is not n times a 1-token "
+                            timed=True, hint="One pass reads each weight once for all its tokens, so it is not n times a 1-token "
                                  "pass; section 7's many-token rate (GFLOP/s) is the better guide")

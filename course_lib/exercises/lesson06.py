@@ -81,5 +81,5 @@ def check_arrival_prediction(prediction_s, model, tokenizer, prompt_ids: list[in
     def measure():
         return generate(model, tokenizer, list(prompt_ids), max_new_tokens=n, stop_ids=()).steps[-1].at
     return check_prediction(prediction_s, measure, unit="s", what=f"until token {n} arrived", tolerance=tolerance,
-                            hint="The first token costs the prompt's prefill (the TTFT); each later one costs one "
+                            timed=True, hint="The first token costs the prompt's prefill (the TTFT); each later one costs one "
                                  "decode step (the median gap)")

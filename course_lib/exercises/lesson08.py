@@ -65,5 +65,5 @@ def check_ttft_prediction(prediction_s, model, tokenizer, n: int = 2000, toleran
     machine (from section 1's curve). The check then measures it (best of 2) and accepts a factor `tolerance`."""
     return check_prediction(prediction_s, lambda: prefill_seconds(model, tokenizer, [n], repeats=2)[0], unit="s",
                             what=f"to prefill {n} tokens", tolerance=tolerance,
-                            hint="Did you extrapolate tokens per second from the longest prompt of section 1? "
+                            timed=True, hint="Did you extrapolate tokens per second from the longest prompt of section 1? "
                                  "Attention's cost grows faster than the prompt")

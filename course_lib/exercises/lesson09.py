@@ -65,5 +65,5 @@ def check_batch_prediction(prediction_tps, model, prompt_ids: list[int], batch: 
     return check_prediction(prediction_tps,
                             lambda: throughput_latency(model, list(prompt_ids), [batch], new_tokens)[0]["tokens_per_s"],
                             unit="tokens/s", what=f"at batch {batch}", tolerance=tolerance,
-                            hint="Read the printed rows on both sides of that batch size: once arithmetic is the "
+                            timed=True, hint="Read the printed rows on both sides of that batch size: once arithmetic is the "
                                  "limit, throughput stops growing in proportion to the batch")

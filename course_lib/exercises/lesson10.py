@@ -97,5 +97,5 @@ def check_load_prediction(prediction_ms, model, tokenizer, clients: int = 4, tol
         finally:
             server.stop()
     return check_prediction(prediction_ms, measure, unit="ms", what=f"mean time to first token, {clients} clients",
-                            tolerance=tolerance, hint="Section 3's two rows bracket it: the prompts arriving together "
+                            tolerance=tolerance, timed=True, hint="Section 3's two rows bracket it: the prompts arriving together "
                                                       "are prefilled together, and each client waits for that")

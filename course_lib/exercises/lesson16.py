@@ -73,5 +73,5 @@ def check_step_prediction(prediction_ms, model, tokens: int = 2000, rows: int = 
     from ..measure.attention import step_times
     return check_prediction(prediction_ms, lambda: step_times(model, rows, tokens, 16, repeats=3)["paged_ms"], unit="ms",
                             what=f"per step, {rows} rows x {tokens:,} tokens, through the tables",
-                            tolerance=tolerance, hint="The weights cost the same at any context; the cache's share "
+                            tolerance=tolerance, timed=True, hint="The weights cost the same at any context; the cache's share "
                                                       "grows in a straight line with it: extend the printed points")
