@@ -202,4 +202,11 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
     assert set(rows) == {"float32", "bfloat16", "int8"} and rows["float32"]["same_tokens"]
     assert rows["float32"]["bytes_per_prompt_token"] == 2 * 30 * 3 * 64 * 4  # keys and values, layers, heads, dims
     assert rows["int8"]["bytes"] < rows["bfloat16"]["bytes"] == rows["float32"]["bytes"] // 2
+    router = result["fleet"]["router"]
+    if "skipped" not in router:  # sglang-router has no wheel for some platforms
+        runs = router["policies"]
+        assert set(runs) == {"round_robin", "cache_aware", "one_replica"}
+        for run in runs.values():
+            assert run["finished"] == run["requests"] == sum(r["requests"] for r in run["replicas"])
+            assert 0 <= run["hit_rate"] < 1 and run["ttft_p50_s"] <= run["ttft_p99_s"] and run["goodput_rps"] >= 0
     assert all(what in format_report(result) for what, _, _ in targets(result))

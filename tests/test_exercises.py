@@ -334,6 +334,25 @@ def test_lesson17():
     assert not lesson17.check_kept(lambda n, b, k: list(range(k)) + list(range(n - (b - k), n)))  # evicts before full
 
 
+def test_lesson18(model, tokenizer):
+    from course_lib.exercises import lesson18
+    from course_lib.runner.model import Model
+    ours = Model.from_transformers(model)
+    s = solution(18, ours, tokenizer)
+    assert lesson18.check_wire_bytes(s.wire_bytes, ours)
+    assert lesson18.check_tp_sizes(s.tp_sizes)
+    assert lesson18.check_kv_link(s.kv_link_gbs)
+    assert lesson18.shipped_bytes(ours, 10, "float32") == 2 * 30 * 3 * 64 * 4 * 10  # the check packs real frames
+    assert not lesson18.check_wire_bytes(lambda t, f: 2 * 30 * 3 * 64 * 4 * t, ours)  # float32 whatever the format
+    assert not lesson18.check_wire_bytes(lambda t, f: s.wire_bytes(t, f) // 2, ours)  # keys only
+    assert not lesson18.check_wire_bytes(lambda t, f: 30 * 3 * 64 * t * (4 if f == "float32" else 2 if
+                                                                           f == "bfloat16" else 1) * 2, ours)  # no scales
+    assert not lesson18.check_tp_sizes(lambda kv, ff: [w for w in range(1, kv + 1) if kv % w == 0])  # heads only
+    assert not lesson18.check_tp_sizes(lambda kv, ff: [1, 3])  # SmolLM2's answer for every model
+    assert not lesson18.check_kv_link(lambda r, p, b: r * p * b)  # bytes, not GB
+    assert not lesson18.check_kv_link(lambda r, p, b: p * b / 1e9)  # one request
+
+
 # Wrong answers a learner could hand in without doing the exercise: a constant, a value the notebook printed,
 # a copy of the lesson's own example, a non-streaming answer. Each must fail (the checks draw new cases per run).
 WRONG = {
@@ -488,3 +507,9 @@ def test_predict_then_measure_in_the_other_lessons(model, tokenizer):
     short = step_curve(int4, [256], repeats=5)[0]["ms"]
     assert not lesson17.check_step_prediction(short * 6000 / 256, int4)  # in proportion to the context
     assert not lesson17.check_step_prediction(short, int4)  # flat: the cache's reads left out
+
+    from course_lib.exercises import lesson18
+    s18 = solution(18, ours, tokenizer)
+    assert lesson18.check_shipped_prediction(s18.shipped_prediction(), ours, tokenizer)
+    assert not lesson18.check_shipped_prediction(s18.wire_bytes(2000, "float32") / 1e6, ours, tokenizer)  # float32's
+    assert not lesson18.check_shipped_prediction(s18.wire_bytes(2000, "int8") / 1e6, ours, tokenizer)  # the 8-bit one

@@ -66,7 +66,8 @@ def test_notebook_shape():
 # measurement. Measured numbers belong in outputs; the prose says where to read them.
 PROSE_NUMBERS = {
     "00": {"135": "the model's name", "80": "a seed's \"80+ layers\"", "70": "the 70B model it describes",
-           "11": "lesson map", "13": "lesson map", "15": "lesson map", "16": "lesson map", "17": "lesson map"},
+           "11": "lesson map", "13": "lesson map", "15": "lesson map", "16": "lesson map", "17": "lesson map",
+           "18": "lesson map"},
     "01": {"0.75": "the seed's rule under test", "256": "the bytes byte-level BPE starts from"},
     "02": {"400": "an HTTP status", "200": "the rescue check's budget", "135": "the model's name"},
     "03": {"576": "hidden size", "30": "layers", "32": "Q4_1/Q8_0 block", "16": "levels in 4 bits",
@@ -88,6 +89,7 @@ PROSE_NUMBERS = {
     "17": {"135": "the model's name", "46": "KB per token in float32 (30 x 2 x 3 x 64 x 4 bytes)",
            "8193": "one past the window", "127": "the int8 range",
            "16": "bits of the float cache; the needle's tokens"},
+    "18": {"70": "the 70B model the calculator sizes"},
 }
 NUMBER = re.compile(r"(?<![\w.])(\d[\d,_]*(?:\.\d+)?)")
 

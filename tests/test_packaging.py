@@ -5,7 +5,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _pins(text):
-    return sorted(m.group(1) for m in re.finditer(r"^\s*(?:- )?([A-Za-z0-9_.\-]+==[^\s#]+)", text, re.M))
+    """Every 'name==version' line, with its environment marker where it has one ('name==version ; marker')."""
+    found = re.finditer(r"^\s*(?:- )?([A-Za-z0-9_.\-]+==[^\s#;]+)\s*(?:;\s*([^#\n]*?))?\s*(?:#.*)?$", text, re.M)
+    return sorted(m.group(1) + (f" ; {m.group(2)}" if m.group(2) else "") for m in found)
 
 
 def test_environment_yml_mirrors_requirements():
@@ -18,7 +20,7 @@ def test_every_dependency_is_pinned():
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         spec = line.split("#")[0].strip()
         assert not spec or "==" in spec, spec
-    pins = dict(p.split("==") for p in _pins((ROOT / "requirements.txt").read_text()))
+    pins = dict(p.split(" ;")[0].split("==") for p in _pins((ROOT / "requirements.txt").read_text()))
     import torch
     assert torch.__version__.split("+")[0] == pins["torch"]  # the installed torch is the pinned one (a +cpu build counts)
 

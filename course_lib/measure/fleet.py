@@ -1,6 +1,7 @@
-"""The bench's `fleet` section (lesson 18, beyond one machine): what this machine can run of it. So far the keys
-`tp` (SmolLM2 split over three processes by tensor parallelism, runner/tensor_parallel.py, against one process)
-and `disagg` (a prompt's blocks shipped from a prefill process to this one, serve/disagg.py).
+"""The bench's `fleet` section (lesson 18, beyond one machine): what this machine can run of it. The keys
+`router` (replicas behind sglang-router, measure/router.py), `tp` (SmolLM2 split over three processes by tensor
+parallelism, runner/tensor_parallel.py, against one process) and `disagg` (a prompt's blocks shipped from a
+prefill process to this one, serve/disagg.py).
 
 What it does: `tp_figures` runs the same greedy decode in one process and in three over gloo on loopback, one
 thread each, and reports the largest logit difference against the library, whether the tokens agree, the median
@@ -8,13 +9,16 @@ step in each, the share of the split step spent in all-reduce (waiting for the s
 bytes each rank holds. `disagg_figures` starts a prefill process, has it read the handbook prompt and ship its
 blocks in each wire format, and reports the bytes per prompt token, the seconds on the wire (the round trip less
 the prefill process's own prefill time), and whether the decode side continues with the tokens of one process.
-What it does not do: run a router, or measure the decode side's gaps under a load (not built yet).
+`router_figures` puts two replicas behind sglang-router, round robin against cache-aware, and one replica alone,
+on a trace of questions in groups that share a long system prompt.
+What it does not do: measure the decode side's gaps under a load (not built yet).
 """
 from __future__ import annotations
 
 import torch
 
 from ..runtime import median
+from .router import router_figures
 from .section import Section
 
 TP_WORLD = 3  # SmolLM2 has 3 key/value heads: the only split besides 1
@@ -40,9 +44,18 @@ def tp_figures(model, tokenizer, steps: int = 32, world: int = TP_WORLD) -> dict
             "cores": torch.get_num_threads()}
 
 
+def _router_rows(router: dict) -> list:
+    if "skipped" in router:
+        return []
+    return [(f"fleet.router {policy}: every request of the trace answered, none lost",
+             f"{run['finished']} of {run['requests']} finished, errors {run['errors'][:2]}",
+             run["finished"] == run["requests"] and not run["errors"])
+            for policy, run in router["policies"].items()]
+
+
 def _targets(result: dict) -> list:
     t, d = result["fleet"]["tp"], result["fleet"]["disagg"]["formats"]["float32"]
-    return [(f"fleet.tp: {t['world']} processes give one process's logits (within 1e-3) and tokens",
+    return _router_rows(result["fleet"]["router"]) + [(f"fleet.tp: {t['world']} processes give one process's logits (within 1e-3) and tokens",
              f"max |difference| {t['max_logit_difference']:.2e}, same tokens {t['same_tokens']}",
              t["max_logit_difference"] < 1e-3 and t["same_tokens"]),
             ("fleet.disagg: blocks shipped in float32 continue with one process's tokens", str(d["same_tokens"]),
@@ -50,8 +63,12 @@ def _targets(result: dict) -> list:
 
 
 def _report(result: dict) -> list:
-    t = result["fleet"]["tp"]
-    return [f"fleet.tp: one process {t['step_ms_one_process']:.1f} ms per step, {t['world']} processes "
+    t, router = result["fleet"]["tp"], result["fleet"]["router"]
+    lines = [f"fleet.router: skipped: {router['skipped']}"] if "skipped" in router else [
+        f"fleet.router {policy:<12}: prefix hit rate {run['hit_rate']:.0%}, TTFT p50 {run['ttft_p50_s']:.2f} s, p99 "
+        f"{run['ttft_p99_s']:.2f} s, goodput {run['goodput_rps']:.2f} req/s, requests per replica "
+        f"{[r['requests'] for r in run['replicas']]}" for policy, run in router["policies"].items()]
+    return lines + [f"fleet.tp: one process {t['step_ms_one_process']:.1f} ms per step, {t['world']} processes "
             f"{t['step_ms_tp']:.1f} ms ({t['slowdown']:.2f}x), {t['allreduce_share']:.0%} of it in "
             f"{t['allreduces_per_step']} all-reduces; each rank holds {t['rank_bytes'] / 1e6:.0f} MB of "
             f"{t['one_process_bytes'] / 1e6:.0f}"] + [
@@ -60,8 +77,8 @@ def _report(result: dict) -> list:
         for fmt, row in result["fleet"]["disagg"]["formats"].items()]
 
 
-SECTION = Section("fleet", "lesson 18: the model split over processes (tensor parallelism, gloo)",
-                  lambda m, t, q: {"fleet": {"tp": tp_figures(m, t, 4 if q else 32),
+SECTION = Section("fleet", "lesson 18: replicas behind a router, prefill and decode apart, the model split over processes",
+                  lambda m, t, q: {"fleet": {"router": router_figures(q), "tp": tp_figures(m, t, 4 if q else 32),
                                              "disagg": disagg_figures(m, t, 4 if q else 16, short=q)}}, _targets, _report)
 
 

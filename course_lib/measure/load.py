@@ -90,7 +90,7 @@ def _loopback(url: str) -> None:
 
 
 def _send(client, url: str, req: TraceRequest, start: float, out: Outcome, timeout: float) -> None:
-    body = {"messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0, "stream": True,
+    body = {"model": "smollm2-135m-instruct", "messages": req.messages, "max_tokens": req.max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     wait = start + req.at - time.perf_counter()
     if wait > 0:

@@ -106,7 +106,8 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
         pool = getattr(engine.batch, "pool", None)
         if pool is not None:  # the paged cache: how full the pool is
             body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
-                                 "prefix_hit_rate": round(pool.hit_rate, 4)}
+                                 "prefix_hit_rate": round(pool.hit_rate, 4), "prefix_hit_tokens": pool.hits,
+                                 "prefix_lookup_tokens": pool.lookups}
         return body
 
     @app.get("/v1/models")

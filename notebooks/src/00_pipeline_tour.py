@@ -249,7 +249,7 @@ print(f"time to first token: {first_token * 1000:.0f} ms (steps 2-5) | end to en
 # | 6-8 Loop, stop, detokenize, stream | 06 generation and streaming |
 # | The loop made fast | 07 KV cache, 08 prefill and decode, 09 batching |
 # | 1 and 8 over the network | 10 serving |
-# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 13 a server's memory (paged KV cache); 14 speculative decoding; 15 structured output; 16 attention kernels; 17 long context |
+# | Part II: the engine, built | 11 the model written out, with its own KV cache; 12 bytes per token (weight formats); 13 a server's memory (paged KV cache); 14 speculative decoding; 15 structured output; 16 attention kernels; 17 long context; 18 beyond one machine (replicas and a router, prefill and decode apart, tensor parallelism) |
 
 # %% [markdown]
 # ---

@@ -300,12 +300,12 @@ ex.check_kept(kept)
 # %% [markdown]
 # **4. Predict, then measure.** Section 1 measured the int4 model's decode step at five contexts and fitted a
 # line. Predict the milliseconds of one step at **6,000** tokens and write them in `prediction_ms`; the check
-# measures it (median of 5).
+# measures it (the median of 5 steps; a near miss is measured twice more and judged by the median of the three).
 
 # %%
 prediction_ms = None  # your prediction: ms per decode step of the int4 model at 6,000 tokens
 ex.check_step_prediction(prediction_ms, int4, context=6000)
 
 # %% [markdown]
-# **Next:** the course ends here for now. Lesson 16's kernels and this lesson's caches are the pieces a real
-# engine combines; `python -m course_lib bench` measures them all on your machine.
+# **Next:** 18 · beyond one machine: replicas behind a router, prefill and decode in separate processes, and
+# the model split over several.
