@@ -1,8 +1,8 @@
 """The workshop preflight (`python -m course_lib doctor`): is this machine ready for the course?
 
 What it does: checks Python and the key packages, the device, the model file and its checksum,
-the weight cache, a short greedy generation (timed), tiktoken offline, the Jupyter kernel and the
-JupyterLab widgets extension. Prints one table, a fix for each failure, and returns 1 if any failed.
+the weight cache, a short greedy generation (timed), tiktoken offline, the Jupyter kernel, the
+JupyterLab widgets extension and lesson 18's router. Prints one table, a fix for each failure, and returns 1 if any failed.
 What it does not do: repair anything (the fixes are commands for you to run).
 """
 from __future__ import annotations
@@ -110,12 +110,29 @@ def check_widgets_extension() -> Check:
                  "pip install jupyterlab_widgets (part of `make setup`), then restart JupyterLab")
 
 
+def check_router() -> Check:
+    """sglang-router (lesson 18): required where it has a wheel, which set-up installs; elsewhere the lesson shows a
+    committed run instead, so its absence is not a failure there."""
+    from .serve.replicas import ROUTER_PIN, RouterMissing, router_command
+    wheel = (sys.platform, platform.machine().lower()) in {("linux", "x86_64"), ("linux", "aarch64"),
+                                                           ("darwin", "arm64"), ("win32", "amd64")}
+    try:
+        router_command()
+        return Check("router (lesson 18)", True, f"{ROUTER_PIN.replace('==', ' ')} installed")
+    except RouterMissing:
+        if not wheel:
+            return Check("router (lesson 18)", True, "no sglang-router wheel for this platform: lesson 18 shows a "
+                                                     "committed run in its place")
+        return Check("router (lesson 18)", False, "sglang-router is not installed", SETUP)
+
+
 def run_checks() -> list[Check]:
     checks = [check_python()] + [check_package(p) for p in PACKAGES]
     for name, fix, fn in [("device", "unset COURSE_DEVICE or set it to 'cpu'", check_device),
                           ("model file", SETUP, check_model_file), ("weight cache", SETUP, check_cache),
                           ("generation", SETUP, check_generation), ("tiktoken offline", SETUP, check_tiktoken),
-                          ("jupyter kernel", SETUP, check_kernel), ("widgets extension", SETUP, check_widgets_extension)]:
+                          ("jupyter kernel", SETUP, check_kernel), ("widgets extension", SETUP, check_widgets_extension),
+                          ("router (lesson 18)", SETUP, check_router)]:
         checks.append(_guard(name, fix, fn))
     return checks
 

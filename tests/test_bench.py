@@ -202,6 +202,9 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
     assert set(rows) == {"float32", "bfloat16", "int8"} and rows["float32"]["same_tokens"]
     assert rows["float32"]["bytes_per_prompt_token"] == 2 * 30 * 3 * 64 * 4  # keys and values, layers, heads, dims
     assert rows["int8"]["bytes"] < rows["bfloat16"]["bytes"] == rows["float32"]["bytes"] // 2
+    gaps = disagg["decode_gaps"]
+    assert set(gaps) >= {"disaggregated", "one_process_whole", "one_process_chunked"} and gaps["budget"] > 0
+    assert all(0 < gaps[k]["median_gap_s"] <= gaps[k]["p99_gap_s"] for k in ("disaggregated", "one_process_whole"))
     router = result["fleet"]["router"]
     if "skipped" not in router:  # sglang-router has no wheel for some platforms
         runs = router["policies"]

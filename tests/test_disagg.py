@@ -83,8 +83,14 @@ def test_a_prefill_process_ships_to_this_one(model, tokenizer, prompt):
     worker = disagg.PrefillProcess().start()
     try:
         header, payload, seconds = worker.ask("r1", prompt)
+        from course_lib.measure.fleet import shipped_gaps
+        running = tokenizer("Once upon a time", add_special_tokens=False)["input_ids"]
+        gaps = shipped_gaps(ours, worker, running, prompt, new_tokens=6, warmup=2, after=2)
     finally:
         worker.stop()
+    # a running answer decoded on while the prompt was read in the prefill process, and went on after its blocks
+    assert gaps["arrived_after_tokens"] >= 2 and gaps["gaps"] >= max(5, gaps["arrived_after_tokens"] + 1)
+    assert 0 < gaps["median_gap_s"] <= gaps["p99_gap_s"] <= gaps["max_gap_s"]
     side = disagg.DecodeSide(ours, 16)
     side.expect("r1", 8)
     seq, allowance = side.accept(header, payload)

@@ -11,7 +11,10 @@ blocks in each wire format, and reports the bytes per prompt token, the seconds 
 the prefill process's own prefill time), and whether the decode side continues with the tokens of one process.
 `router_figures` puts two replicas behind sglang-router, round robin against cache-aware, and one replica alone,
 on a trace of questions in groups that share a long system prompt.
-What it does not do: measure the decode side's gaps under a load (not built yet).
+`gap_figures` times a running answer's tokens while a long prompt is read in the prefill process and shipped in,
+against one process reading it whole and in chunks.
+What it does not do: replay a whole trace through a prefill process and a decode process (one long prompt
+arrives during one running answer), or schedule several requests on the decode side.
 """
 from __future__ import annotations
 
@@ -59,7 +62,16 @@ def _targets(result: dict) -> list:
              f"max |difference| {t['max_logit_difference']:.2e}, same tokens {t['same_tokens']}",
              t["max_logit_difference"] < 1e-3 and t["same_tokens"]),
             ("fleet.disagg: blocks shipped in float32 continue with one process's tokens", str(d["same_tokens"]),
-             d["same_tokens"])]
+             d["same_tokens"])] + _gap_rows(result["fleet"]["disagg"].get("decode_gaps"))
+
+
+def _gap_rows(g: dict | None) -> list:
+    if not g:
+        return []
+    apart, whole = g["disaggregated"]["p99_gap_s"], g["one_process_whole"]["p99_gap_s"]
+    return [(f"fleet.disagg: a running answer's p99 gap while a {g['prompt_tokens']}-token prompt is read in another "
+             "process is shorter than while one process reads it whole",
+             f"{apart * 1000:.0f} ms against {whole * 1000:.0f} ms", apart < whole)]
 
 
 def _report(result: dict) -> list:
@@ -74,7 +86,16 @@ def _report(result: dict) -> list:
             f"{t['one_process_bytes'] / 1e6:.0f}"] + [
         f"fleet.disagg {fmt:<8}: {row['bytes_per_prompt_token']:,.0f} bytes per prompt token, {row['wire_s'] * 1000:.0f} ms "
         f"on the wire ({row['prefill_s'] * 1000:.0f} ms prefill), same tokens {row['same_tokens']}"
-        for fmt, row in result["fleet"]["disagg"]["formats"].items()]
+        for fmt, row in result["fleet"]["disagg"]["formats"].items()] + _gap_report(result["fleet"]["disagg"].get("decode_gaps"))
+
+
+def _gap_report(g: dict | None) -> list:
+    if not g:
+        return []
+    return [f"fleet.disagg gaps: a running answer's p99 gap while {g['prompt_tokens']} prompt tokens are read: "
+            + ", ".join(f"{name.replace('_', ' ')} {1000 * g[name]['p99_gap_s']:.0f} ms"
+                        for name in ("disaggregated", "one_process_whole", "one_process_chunked"))
+            + f" (chunks of {g['budget']} tokens)"]
 
 
 SECTION = Section("fleet", "lesson 18: replicas behind a router, prefill and decode apart, the model split over processes",
@@ -82,7 +103,60 @@ SECTION = Section("fleet", "lesson 18: replicas behind a router, prefill and dec
                                              "disagg": disagg_figures(m, t, 4 if q else 16, short=q)}}, _targets, _report)
 
 
-def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False) -> dict:
+def shipped_gaps(ours, worker, prompt: list[int], long_prompt: list[int], new_tokens: int = 48, warmup: int = 3,
+                 after: int = 3, fmt: str = "float32") -> dict:
+    """The decode side's running request while a long prompt is read elsewhere: the running request decodes one token
+    per step; after `warmup` tokens the prefill process is asked for the long prompt; its blocks are accepted into
+    the decode side's pool between two steps, when they arrive. Runs for `new_tokens` tokens and at least `after`
+    more once the blocks are in. The gaps between the running request's tokens: longest, p99, median."""
+    import time
+
+    from ..runner.blocks import blocks_for
+    from ..serve import disagg
+    from .load import percentile
+    side = disagg.DecodeSide(ours, blocks_for(len(prompt) + 4 * new_tokens) + blocks_for(len(long_prompt) + 2))
+    seq, token, _ = disagg.prefill_blocks(ours, side.pool, prompt)  # the running request, read before the clock
+    side.expect("arriving", 1)
+    stamps, asked, arrived, arrived_at = [], False, None, None
+    try:
+        while len(stamps) < new_tokens or arrived is None or len(stamps) < arrived_at + after:
+            if len(stamps) >= 4 * new_tokens:
+                raise RuntimeError("the prefill process's blocks did not arrive while the running request decoded")
+            if len(stamps) >= warmup and not asked:
+                worker.send("arriving", long_prompt, fmt)
+                asked = True
+            if asked and arrived is None and worker.answered():
+                arrived, arrived_at = side.accept(*disagg.read_frame(worker.sock))[0], len(stamps)
+            token = side.step(seq, token)
+            stamps.append(time.perf_counter())
+    finally:
+        side.pool.free(seq)
+        if arrived is not None:
+            side.pool.free(arrived)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return {"max_gap_s": max(gaps), "p99_gap_s": percentile(gaps, 99), "median_gap_s": median(gaps),
+            "gaps": len(gaps), "arrived_after_tokens": arrived_at}
+
+
+def gap_figures(model, tokenizer, worker, quick: bool = False) -> dict:
+    """The running request's gaps while a long prompt arrives: prefill in another process (its blocks shipped in
+    float32), against one process reading it whole and in chunks of lesson 13's budget (measure/load.decode_gaps)."""
+    from ..text.context import chat_ids, handbook_ids
+    from ..runner.model import Model
+    from .load import decode_gaps
+    from .serving import SERVING_CONFIGS
+    ours = Model.from_transformers(model, dtype=torch.float32)
+    chat, long = chat_ids(tokenizer, "Write a short story about a robot who learns to paint."), handbook_ids(tokenizer, "Hi")
+    long = long[:300] if quick else long
+    out = {"prompt_tokens": len(long), "budget": SERVING_CONFIGS["paged_chunked"]["token_budget"],
+           "disaggregated": shipped_gaps(ours, worker, chat, long)}
+    for name, budget in (("one_process_whole", None), ("one_process_chunked", out["budget"])):
+        run = decode_gaps(ours, chat, long, budget, pool_blocks=200)
+        out[name] = {k: run[k] for k in ("max_gap_s", "p99_gap_s", "median_gap_s")}
+    return out
+
+
+def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False, gaps: bool = True) -> dict:
     """short: a one-line question instead of the 1,127-token handbook prompt (the bench's --quick)."""
     from ..text.context import HANDBOOK_QUESTIONS, chat_ids, handbook_ids
     from ..engine.generation import generate
@@ -105,6 +179,7 @@ def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False) 
                          "round_trip_s": seconds, "prefill_s": header["prefill_s"],
                          "wire_s": seconds - header["prefill_s"], "same_tokens": tokens == alone,
                          "first_difference": next((i for i, (a, b) in enumerate(zip(tokens, alone)) if a != b), None)}
+        gap_rows = gap_figures(model, tokenizer, worker, quick=short) if gaps else None
     finally:
         worker.stop()
-    return {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "formats": rows}
+    return {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "formats": rows, "decode_gaps": gap_rows}

@@ -187,5 +187,5 @@ def decode_gaps(model, prompt: list[int], long_prompt: list[int], token_budget: 
                 stamps.append(time.perf_counter())
     seconds = time.perf_counter() - start
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return {"max_gap_s": max(gaps), "median_gap_s": median(gaps),
+    return {"max_gap_s": max(gaps), "p99_gap_s": percentile(gaps, 99), "median_gap_s": median(gaps),
             "tokens_per_s": (len(short.tokens) + len(long.tokens)) / seconds, "tokens": short.tokens + long.tokens}

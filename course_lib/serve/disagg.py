@@ -145,19 +145,23 @@ class DecodeSide:
         return unpack(self.pool, header, payload), self.expected.pop(name)
 
     @torch.inference_mode()
+    def step(self, seq: Sequence, token: int) -> int:
+        """One decode step of one sequence through its block table: feed `token`, return the next, greedily."""
+        from ..engine.stages import decode_step
+        seq.tokens.append(token)
+        self.pool.grow(seq, seq.computed + 1)
+        view = self.pool.view([seq])
+        logits, _ = decode_step(self.model, [token], view, attention_mask=view.attention_mask(1),
+                                positions=view.positions())
+        return int(logits[0].argmax())
+
     def decode(self, seq: Sequence, first_token: int, new_tokens: int, stop_ids=()) -> list[int]:
         """Greedy tokens from the shipped blocks: the first token (picked by the prefill side), then one decode step
         per token through the block table, as the paged scheduler runs them. The blocks are freed at the end."""
-        from ..engine.stages import decode_step
         tokens = [first_token]
         try:
             while len(tokens) < new_tokens and tokens[-1] not in stop_ids:
-                seq.tokens.append(tokens[-1])
-                self.pool.grow(seq, seq.computed + 1)
-                view = self.pool.view([seq])
-                logits, _ = decode_step(self.model, [tokens[-1]], view, attention_mask=view.attention_mask(1),
-                                        positions=view.positions())
-                tokens.append(int(logits[0].argmax()))
+                tokens.append(self.step(seq, tokens[-1]))
         finally:
             self.pool.free(seq)
         return tokens
@@ -223,9 +227,18 @@ class PrefillProcess:
 
     def ask(self, name: str, prompt: list[int], fmt: str = "float32") -> tuple[dict, bytes, float]:
         began = time.perf_counter()
-        self.sock.sendall(json.dumps({"request": name, "prompt": list(prompt), "format": fmt}).encode() + b"\n")
+        self.send(name, prompt, fmt)
         header, payload = read_frame(self.sock)
         return header, payload, time.perf_counter() - began
+
+    def send(self, name: str, prompt: list[int], fmt: str = "float32") -> None:
+        """Ask for a prompt's blocks without waiting: answered() says when they are here, read_frame(.sock) reads them."""
+        self.sock.sendall(json.dumps({"request": name, "prompt": list(prompt), "format": fmt}).encode() + b"\n")
+
+    def answered(self) -> bool:
+        """Whether the answer to a send() has begun to arrive (the decode side checks between its steps)."""
+        import select
+        return bool(select.select([self.sock], [], [], 0)[0])
 
     def stop(self) -> None:
         if self.sock is not None:

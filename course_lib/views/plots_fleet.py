@@ -77,3 +77,17 @@ def plot_fleet_curve(points: list[dict], rates: list[float], ax=None, title: str
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title)
     return ax
+
+
+def plot_gaps(gaps: dict, ax=None, title: str = "A running answer's longest wait while a long prompt is read"):
+    """Bars: the running request's p99 gap between tokens (median as a tick), prefill in another process against one
+    process reading the prompt whole and in chunks."""
+    ax = axes_or_new(ax)
+    names = ["disaggregated", "one_process_whole", "one_process_chunked"]
+    labels = ["prefill in another\nprocess", "one process,\nwhole prompt", f"one process,\nchunks of {gaps['budget']}"]
+    ax.bar(labels, [gaps[n]["p99_gap_s"] for n in names], color=[PALETTE[0], PALETTE[1], PALETTE[2]], label="p99 gap")
+    ax.scatter(labels, [gaps[n]["median_gap_s"] for n in names], marker="_", s=500, color="black", label="median gap")
+    ax.set_ylabel("seconds between two tokens")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax

@@ -165,8 +165,25 @@ plt.show()
 #
 # What disaggregation buys is not throughput. vLLM's own documentation on disaggregated prefill says it does
 # not raise throughput; it lets the time to first token and the time between tokens be tuned apart, and
-# keeps a long prompt's prefill from stalling running answers. What it costs is the transfer, and a prefill
-# pool and a decode pool that must each be sized.
+# keeps a long prompt's prefill from stalling running answers. The cell above also measured that last point:
+# an answer was decoding here when the handbook prompt was read in the prefill process and its blocks
+# accepted between two steps. Beside it, lesson 13's single process reading the same prompt whole, and in
+# chunks:
+
+# %%
+g = shipped["decode_gaps"]
+for name in ("disaggregated", "one_process_whole", "one_process_chunked"):
+    print(f"{name:>20}: p99 gap {1000 * g[name]['p99_gap_s']:6.0f} ms, median {1000 * g[name]['median_gap_s']:4.0f} ms")
+print(f"(the prompt: {g['prompt_tokens']} tokens; chunks of {g['budget']}; the blocks arrived after "
+      f"{g['disaggregated']['arrived_after_tokens']} tokens of the running answer)")
+plots_fleet.plot_gaps(g)
+plt.show()
+
+# %% [markdown]
+# Chunking shortens the longest wait but still puts prompt work into the running answer's steps; a prefill
+# process takes it out of them, leaving the cost of accepting the blocks (and, on a machine this small, the
+# cores the two processes share). What it costs is the transfer, and a prefill pool and a decode pool that
+# must each be sized.
 #
 # ## 3. One model over three processes: tensor parallelism
 #
