@@ -209,7 +209,7 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
     if "skipped" not in router:  # sglang-router has no wheel for some platforms
         runs = router["policies"]
         assert set(runs) == {"round_robin", "cache_aware", "one_replica"}
-        for run in runs.values():
-            assert run["finished"] == run["requests"] == sum(r["requests"] for r in run["replicas"])
-            assert 0 <= run["hit_rate"] < 1 and run["ttft_p50_s"] <= run["ttft_p99_s"] and run["goodput_rps"] >= 0
+        for one in runs.values():
+            assert one["finished"] == one["requests"] == sum(r["requests"] for r in one["replicas"])
+            assert 0 <= one["hit_rate"] < 1 and one["ttft_p50_s"] <= one["ttft_p99_s"] and one["goodput_rps"] >= 0
     assert all(what in format_report(result) for what, _, _ in targets(result))

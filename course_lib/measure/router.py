@@ -114,7 +114,7 @@ def router_figures(quick: bool = False) -> dict:
         router_command()
     except RouterMissing as err:
         return {"skipped": str(err)}
-    shape = dict(groups=2, per_group=3, prefix_chars=600, rate=2.0) if quick else \
+    shape = dict(groups=2, per_group=2, prefix_chars=400, rate=4.0) if quick else \
         dict(groups=4, per_group=6, prefix_chars=3000, rate=1.0)
     replicas = start_replicas(2, kv_blocks=600, max_tokens_cap=32)
     try:

@@ -152,7 +152,8 @@ print(f"prompt: {shipped['prompt_tokens']} tokens; answer continued for {shipped
 for fmt, row in shipped["formats"].items():
     print(f"{fmt:>8}: {row['bytes'] / 1e6:5.1f} MB shipped, {row['bytes_per_prompt_token']:,.0f} bytes per prompt "
           f"token | prefill {row['prefill_s']:.2f} s, on the wire {1000 * row['wire_s']:.0f} ms | same tokens as one "
-          f"process: {row['same_tokens']} (first difference at {row['first_difference']})")
+          f"process: {row['same_tokens']}" + ("" if row["same_tokens"] else f" (first difference at token "
+                                                                              f"{row['first_difference']})"))
 plots_fleet.plot_shipped(shipped["formats"])
 plt.show()
 
