@@ -299,6 +299,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/runner/tensor_parallel.py::reduce": "gloo's all_reduce on CPU tensors returns with the sum in place",
     "course_lib/serve/disagg.py::ask": "bytes read from a socket: the prefill process has finished",
     "course_lib/serve/disagg.py::prefill_blocks": "ends with int(argmax) of the logits: a sync",
+    "course_lib/measure/fleet.py::shipped_gaps": "each stamp follows side.step, which returns int(argmax): a sync",
     "course_lib/engine/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
     "course_lib/views/widgets.py::update": "a widget redraw on the CPU",
     "course_lib/runner/attention.py::score_times": "CPU tensors made in the function",

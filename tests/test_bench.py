@@ -210,6 +210,6 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
         runs = router["policies"]
         assert set(runs) == {"round_robin", "cache_aware", "one_replica"}
         for one in runs.values():
-            assert one["finished"] == one["requests"] == sum(r["requests"] for r in one["replicas"])
+            assert one["finished"] == one["requests"] == sum(r["requests"] for r in one["replicas"]) and not one["lost"]
             assert 0 <= one["hit_rate"] < 1 and one["ttft_p50_s"] <= one["ttft_p99_s"] and one["goodput_rps"] >= 0
     assert all(what in format_report(result) for what, _, _ in targets(result))

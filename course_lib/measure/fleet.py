@@ -50,10 +50,9 @@ def tp_figures(model, tokenizer, steps: int = 32, world: int = TP_WORLD) -> dict
 def _router_rows(router: dict) -> list:
     if "skipped" in router:
         return []
-    return [(f"fleet.router {policy}: every request of the trace answered, none lost",
-             f"{run['finished']} of {run['requests']} finished, errors {run['errors'][:2]}",
-             run["finished"] == run["requests"] and not run["errors"])
-            for policy, run in router["policies"].items()]
+    return [(f"fleet.router {policy}: no request lost (each answered, or refused with an error its client sees)",
+             f"{run['finished']} of {run['requests']} answered, {len(run['errors'])} errors, {run['lost']} lost",
+             run["lost"] == 0) for policy, run in router["policies"].items()]
 
 
 def _targets(result: dict) -> list:

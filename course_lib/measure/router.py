@@ -65,6 +65,7 @@ def _figures(url: str, replicas, trace) -> dict:
     rows = _per_replica(before, _pools(replicas))
     looked = sum(r["prompt_tokens"] for r in rows)
     out = summarize(outcomes, wall, TTFT_TARGET_S, GAP_TARGET_S)
+    out["lost"] = sum(o.error is None and o.finish is None for o in outcomes)  # neither answered nor refused
     out.update(replicas=rows, hit_rate=sum(r["hit_tokens"] for r in rows) / looked if looked else 0.0,
                texts=[o.text for o in outcomes])
     return out
@@ -116,7 +117,7 @@ def router_figures(quick: bool = False) -> dict:
         return {"skipped": str(err)}
     shape = dict(groups=2, per_group=2, prefix_chars=400, rate=4.0) if quick else \
         dict(groups=4, per_group=6, prefix_chars=3000, rate=1.0)
-    replicas = start_replicas(2, kv_blocks=600, max_tokens_cap=32)
+    replicas = start_replicas(2, kv_blocks=600, max_tokens_cap=32, max_concurrent=64)  # a queue, not 429s
     try:
         runs = {policy: policy_run(replicas, policy, grouped_trace(policy, **shape)) for policy in POLICIES}
         runs["one_replica"] = alone_run(replicas[0], grouped_trace("alone", **shape))

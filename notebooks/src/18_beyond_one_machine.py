@@ -70,7 +70,7 @@ except RouterMissing as err:
     have_router = False
     print(err)
 if have_router:
-    replicas = start_replicas(2, kv_blocks=400, max_tokens_cap=16)
+    replicas = start_replicas(2, kv_blocks=400, max_tokens_cap=16, max_concurrent=64)  # queue, do not refuse (429)
     for r in replicas:
         print(f"replica on {r.url}, core {r.core}, process {r.process.pid}")
 
