@@ -300,6 +300,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/serve/disagg.py::ask": "bytes read from a socket: the prefill process has finished",
     "course_lib/serve/disagg.py::prefill_blocks": "ends with int(argmax) of the logits: a sync",
     "course_lib/measure/fleet.py::shipped_gaps": "each stamp follows side.step, which returns int(argmax): a sync",
+    "course_lib/measure/fleet.py::trace_gaps": "each stamp follows step(), whose pick reads the token on the CPU",
     "course_lib/engine/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
     "course_lib/views/widgets.py::update": "a widget redraw on the CPU",
     "course_lib/runner/attention.py::score_times": "CPU tensors made in the function",

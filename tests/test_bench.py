@@ -205,6 +205,9 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
     gaps = disagg["decode_gaps"]
     assert set(gaps) >= {"disaggregated", "one_process_whole", "one_process_chunked"} and gaps["budget"] > 0
     assert all(0 < gaps[k]["median_gap_s"] <= gaps[k]["p99_gap_s"] for k in ("disaggregated", "one_process_whole"))
+    trace = disagg["trace"]
+    assert trace["same_tokens"] and trace["requests"] == len(trace["prompt_tokens"])
+    assert all(0 < trace[k]["itl_p50_s"] <= trace[k]["itl_p99_s"] for k in ("disaggregated", "one_process_chunked"))
     router = result["fleet"]["router"]
     if "skipped" not in router:  # sglang-router has no wheel for some platforms
         runs = router["policies"]

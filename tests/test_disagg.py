@@ -54,6 +54,37 @@ def test_shipped_blocks_continue_with_the_tokens_of_one_process(small, tokenizer
     assert sizes["int8"] == per_token * len(prompt) + 2 * 2 * len(small.layers) * small.kv_heads * len(prompt)
 
 
+def test_the_decode_side_batches_shipped_requests_with_one_process_tokens(small, tokenizer, prompt):
+    from course_lib.engine.generation import step
+    from course_lib.engine.request import Job
+    from course_lib.serve.disagg_batch import ShippedScheduler
+    prompts = {"a": prompt, "b": prompt[:9], "c": prompt[3:]}
+    alone = {n: generate(small, tokenizer, p, 6, stop_ids=()).token_ids for n, p in prompts.items()}
+    sender = BlockPool.for_model(small, 32)
+    batch = ShippedScheduler(small, BlockPool.for_model(small, 32), max_batch=2)
+    frames = {}
+    for name, p in prompts.items():
+        seq, first, _ = disagg.prefill_blocks(small, sender, p)
+        frames[name] = (ship(disagg.pack(sender, seq, name, first)), first)
+        sender.free(seq)
+        batch.expect(Job(name, list(p), 6))
+    with pytest.raises(disagg.TransferError, match="does not expect"):
+        batch.adopt({**frames["a"][0][0], "request": "stranger"}, frames["a"][0][1])
+    with pytest.raises(disagg.TransferError, match="not its"):
+        batch.adopt({**frames["a"][0][0], "request": "b"}, frames["a"][0][1])  # a's blocks for b's prompt
+    with pytest.raises(ValueError, match="unique"):
+        batch.expect(Job("a", list(prompt), 6))
+    jobs = [batch.adopt(*frames[n][0]) for n in ("a", "b")]
+    step(batch)
+    jobs.append(batch.adopt(*frames["c"][0]))  # arrives while two rows run: waits for a free row
+    while batch.jobs:
+        assert len(batch.running) <= 2
+        step(batch)
+    assert {j.name: j.tokens for j in jobs} == alone
+    assert all(j.tokens[0] == frames[j.name][1] for j in jobs)  # the first token agrees with the prefill side's
+    assert batch.pool.manager.num_used == 0 and not batch.seqs  # every block given back
+
+
 def test_bad_transfers_are_refused(small, prompt):
     sender = BlockPool.for_model(small, 16)
     seq, first, _ = disagg.prefill_blocks(small, sender, prompt)

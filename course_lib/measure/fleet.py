@@ -12,11 +12,14 @@ the prefill process's own prefill time), and whether the decode side continues w
 `router_figures` puts two replicas behind sglang-router, round robin against cache-aware, and one replica alone,
 on a trace of questions in groups that share a long system prompt.
 `gap_figures` times a running answer's tokens while a long prompt is read in the prefill process and shipped in,
-against one process reading it whole and in chunks.
-What it does not do: replay a whole trace through a prefill process and a decode process (one long prompt
-arrives during one running answer), or schedule several requests on the decode side.
+against one process reading it whole and in chunks; `trace_figures` replays lesson 13's mixed trace the same three
+ways (`trace_gaps`: the decode side batches shipped requests, serve/disagg_batch.py).
+What it does not do: run the trace over HTTP (the requests arrive inside this process, on the trace's clock), or
+use more than one prefill process.
 """
 from __future__ import annotations
+
+import json
 
 import torch
 
@@ -61,7 +64,15 @@ def _targets(result: dict) -> list:
              f"max |difference| {t['max_logit_difference']:.2e}, same tokens {t['same_tokens']}",
              t["max_logit_difference"] < 1e-3 and t["same_tokens"]),
             ("fleet.disagg: blocks shipped in float32 continue with one process's tokens", str(d["same_tokens"]),
-             d["same_tokens"])] + _gap_rows(result["fleet"]["disagg"].get("decode_gaps"))
+             d["same_tokens"])] + _gap_rows(result["fleet"]["disagg"].get("decode_gaps")) + \
+        _trace_rows(result["fleet"]["disagg"].get("trace"))
+
+
+def _trace_rows(t: dict | None) -> list:
+    if not t:
+        return []
+    return [("fleet.disagg trace: the decode side fed by the prefill process gives every request one process's tokens",
+             str(t["same_tokens"]), t["same_tokens"])]
 
 
 def _gap_rows(g: dict | None) -> list:
@@ -85,7 +96,17 @@ def _report(result: dict) -> list:
             f"{t['one_process_bytes'] / 1e6:.0f}"] + [
         f"fleet.disagg {fmt:<8}: {row['bytes_per_prompt_token']:,.0f} bytes per prompt token, {row['wire_s'] * 1000:.0f} ms "
         f"on the wire ({row['prefill_s'] * 1000:.0f} ms prefill), same tokens {row['same_tokens']}"
-        for fmt, row in result["fleet"]["disagg"]["formats"].items()] + _gap_report(result["fleet"]["disagg"].get("decode_gaps"))
+        for fmt, row in result["fleet"]["disagg"]["formats"].items()] + \
+        _gap_report(result["fleet"]["disagg"].get("decode_gaps")) + _trace_report(result["fleet"]["disagg"].get("trace"))
+
+
+def _trace_report(t: dict | None) -> list:
+    if not t:
+        return []
+    names = ("disaggregated", "one_process_whole", "one_process_chunked")
+    return [f"fleet.disagg trace ({t['requests']} requests at {t['rate']}/s): " + "; ".join(
+        f"{n.replace('_', ' ')} ITL p99 {1000 * t[n]['itl_p99_s']:.0f} ms, TTFT p50 {t[n]['ttft_p50_s']:.2f} s"
+        for n in names)]
 
 
 def _gap_report(g: dict | None) -> list:
@@ -137,6 +158,74 @@ def shipped_gaps(ours, worker, prompt: list[int], long_prompt: list[int], new_to
             "gaps": len(gaps), "arrived_after_tokens": arrived_at}
 
 
+def trace_gaps(ours, requests: list[tuple], worker=None, budget: int | None = None, pool_blocks: int = 600) -> dict:
+    """A trace through one decode loop. requests: (arrival seconds, name, prompt ids, new tokens), in arrival order.
+    worker None: one process reads the prompts itself (lesson 13's PagedScheduler; budget None whole, else chunked);
+    a PrefillProcess: it reads them and ships their blocks, which this side adopts between steps
+    (serve/disagg_batch.ShippedScheduler). Greedy. The gaps between each request's tokens, pooled (p50, p99, the
+    longest), time to first token from arrival (p50, p99), and every request's tokens."""
+    import time
+
+    from ..engine.generation import step
+    from ..engine.paged_scheduler import PagedScheduler
+    from ..engine.request import Job
+    from ..runner.paged import BlockPool
+    from ..serve.disagg import read_frame
+    from ..serve.disagg_batch import ShippedScheduler
+    from .load import percentile
+    pool = BlockPool.for_model(ours, pool_blocks)
+    batch = ShippedScheduler(ours, pool) if worker else PagedScheduler(ours, pool, token_budget=budget)
+    pending, jobs, stamps, arrived_at = list(requests), {}, {}, {}
+    asked = got = 0
+    start = time.perf_counter()
+    while True:
+        now = time.perf_counter() - start
+        while pending and pending[0][0] <= now:
+            at, name, prompt, new_tokens = pending.pop(0)
+            jobs[name], arrived_at[name] = Job(name, list(prompt), new_tokens), at
+            if worker is None:
+                batch.add([jobs[name]])
+            else:
+                batch.expect(jobs[name])
+                worker.send(name, prompt)
+                asked += 1
+        while worker is not None and got < asked and worker.answered():
+            batch.adopt(*read_frame(worker.sock))
+            got += 1
+        if not batch.jobs:
+            if not pending and got == asked:
+                break
+            time.sleep(0.002)  # nothing to decode: wait for an arrival or a frame
+            continue
+        for job, _, _, _ in step(batch):
+            stamps.setdefault(job.name, []).append(time.perf_counter() - start)
+    gaps = [b - a for times in stamps.values() for a, b in zip(times, times[1:])]
+    ttfts = [stamps[n][0] - arrived_at[n] for n in jobs if n in stamps]
+    return {"itl_p50_s": percentile(gaps, 50), "itl_p99_s": percentile(gaps, 99), "max_gap_s": max(gaps),
+            "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
+            "wall_s": time.perf_counter() - start, "tokens": {n: j.tokens for n, j in jobs.items()}}
+
+
+def trace_figures(model, tokenizer, worker, quick: bool = False) -> dict:
+    """Lesson 13's mixed trace (measure/load.mixed_trace: chats, handbook questions, long documents) through the
+    decode side fed by the prefill process, against one process reading the prompts whole and in chunks."""
+    from ..text.context import context_ids
+    from ..runner.model import Model
+    from .load import mixed_trace
+    from .serving import SERVING_CONFIGS
+    ours = Model.from_transformers(model, dtype=torch.float32)
+    rate, n = (2.0, 4) if quick else (0.5, 12)
+    trace = mixed_trace(rate, n, seed=7, max_tokens=8 if quick else 32)
+    requests = [(r.at, r.name, context_ids(tokenizer, r.messages)[:200 if quick else None], r.max_tokens) for r in trace]
+    budget = SERVING_CONFIGS["paged_chunked"]["token_budget"]
+    runs = {"disaggregated": trace_gaps(ours, requests, worker=worker),
+            "one_process_whole": trace_gaps(ours, requests),
+            "one_process_chunked": trace_gaps(ours, requests, budget=budget)}
+    same = len({json.dumps(r.pop("tokens"), sort_keys=True) for r in runs.values()}) == 1
+    return {"requests": n, "rate": rate, "kinds": [r.kind for r in trace], "prompt_tokens": [len(r[2]) for r in requests],
+            "budget": budget, "same_tokens": same, **runs}
+
+
 def gap_figures(model, tokenizer, worker, quick: bool = False) -> dict:
     """The running request's gaps while a long prompt arrives: prefill in another process (its blocks shipped in
     float32), against one process reading it whole and in chunks of lesson 13's budget (measure/load.decode_gaps)."""
@@ -179,6 +268,8 @@ def disagg_figures(model, tokenizer, new_tokens: int = 16, short: bool = False, 
                          "wire_s": seconds - header["prefill_s"], "same_tokens": tokens == alone,
                          "first_difference": next((i for i, (a, b) in enumerate(zip(tokens, alone)) if a != b), None)}
         gap_rows = gap_figures(model, tokenizer, worker, quick=short) if gaps else None
+        trace_rows = trace_figures(model, tokenizer, worker, quick=short) if gaps else None
     finally:
         worker.stop()
-    return {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "formats": rows, "decode_gaps": gap_rows}
+    return {"prompt_tokens": len(prompt), "new_tokens": new_tokens, "formats": rows, "decode_gaps": gap_rows,
+            "trace": trace_rows}

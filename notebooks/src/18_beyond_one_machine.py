@@ -186,6 +186,25 @@ plt.show()
 # cores the two processes share). What it costs is the transfer, and a prefill pool and a decode pool that
 # must each be sized.
 #
+# The bench goes one step further: lesson 13's mixed trace (chats, handbook questions, long documents arriving
+# at random) through a decode side that batches the shipped requests (`serve/disagg_batch.py`: lesson 13's
+# paged scheduler, fed blocks instead of prompts), against one process reading every prompt itself, whole and
+# in chunks. Its newest committed run, if the course has one:
+
+# %%
+committed = sorted(Path("../data/benchmarks").glob("bench-*fleet*.json"))
+traces = [(p.name, json.loads(p.read_text())["fleet"]["disagg"].get("trace")) for p in committed]
+traces = [(name, t) for name, t in traces if t]
+if traces:
+    name, t = traces[-1]
+    print(f"{name}: {t['requests']} requests at {t['rate']} per second; same tokens all three ways: {t['same_tokens']}")
+    for way in ("disaggregated", "one_process_whole", "one_process_chunked"):
+        print(f"{way:>20}: time between tokens p50 {1000 * t[way]['itl_p50_s']:4.0f} ms, p99 "
+              f"{1000 * t[way]['itl_p99_s']:5.0f} ms | time to first token p50 {t[way]['ttft_p50_s']:.2f} s, p99 "
+              f"{t[way]['ttft_p99_s']:.2f} s")
+else:
+    print("no committed trace run: make one with python -m course_lib bench --only fleet")
+#
 # ## 3. One model over three processes: tensor parallelism
 #
 # When a model does not fit one accelerator, each layer can be cut across several (Megatron-LM's pattern).
@@ -264,8 +283,9 @@ plt.show()
 # ## 5. What production systems add
 #
 # - **llm-d** (Kubernetes) and **NVIDIA Dynamo** schedule replicas and prefill/decode pools across a
-#   cluster, with routers that read each replica's cache contents (KV events) rather than guessing from the
-#   text they sent, as vllm-router's cache-aware policy does. The trade: a control plane to run.
+#   cluster, with routers that follow what each replica's cache really holds from the engines' KV events
+#   (vllm-router's `kv_aware` policy does too), where the cache-aware policy of section 1 infers it from the
+#   text it has sent. The trade: a control plane to run, and events to carry.
 # - **Mooncake** (Moonshot AI) stores KV blocks in a pool spread over the cluster's memory and SSDs, so a prefix
 #   computed anywhere can be fetched anywhere; it pays with transfer bandwidth for prefill it does not redo.
 # - **vLLM's KV connectors** (NIXL, LMCache, Mooncake) are the shipping of section 2 between machines, over
