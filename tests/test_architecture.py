@@ -319,6 +319,8 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/measure/load.py::_send": "a client's wall clock over HTTP",
     "course_lib/measure/load.py::replay": "a client's wall clock over HTTP",
     "course_lib/measure/load.py::decode_gaps": "a client's wall clock over HTTP",
+    "course_lib/measure/workshop.py::_learner": "a client's wall clock over HTTP",
+    "course_lib/measure/workshop.py::room_load": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::<module>": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::one_client": "a client's wall clock over HTTP",
     "notebooks/src/10_serving.py::load_test": "a client's wall clock over HTTP",

@@ -216,3 +216,16 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
             assert one["finished"] == one["requests"] == sum(r["requests"] for r in one["replicas"]) and not one["lost"]
             assert 0 <= one["hit_rate"] < 1 and one["ttft_p50_s"] <= one["ttft_p99_s"] and one["goodput_rps"] >= 0
     assert all(what in format_report(result) for what, _, _ in targets(result))
+
+
+def test_workshop_section_reports_its_keys(model, tokenizer):
+    result = run(model, tokenizer, quick=True, only="workshop", progress=False)
+    room = result["workshop"]
+    rows = room["learners"]  # the workshop.learners: per learner count
+    assert [r["learners"] for r in rows] == [1, 3] and room["fmt"] == "float32"
+    for row in rows:
+        assert row["finished"] == row["requests"] == row["learners"] * room["requests_each"] and not row["errors"]
+        assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and 0 < row["itl_p99_s"]
+    assert room["learners_within_targets"] in (0, 1, 3)
+    report = format_report(result)
+    assert "workshop.learners   3" in report and "this machine serves" in report

@@ -2,7 +2,7 @@
 
 What it does: `SECTIONS` lists every section of `python -m course_lib bench` in order (each a measure.section.Section
 declared beside its own measurements: prefill_decode, loop, engine, formats, speculative, trace, structured,
-serving, fork (n > 1 and best-of-N), attention, long_context, fleet); `run()` measures the chosen ones in one run on one device, `targets()` and
+serving, fork (n > 1 and best-of-N), attention, long_context, fleet, workshop); `run()` measures the chosen ones in one run on one device, `targets()` and
 `format_report()` gather what each section says of itself, `save()` writes JSON (and the prefill and decode figure).
 What it does not do: measure anything itself, or assert (targets are reported, not tested).
 """
@@ -17,7 +17,7 @@ import torch
 
 from ..runtime import describe_device
 from . import (attention, engine_section, fleet, fork, formats, long_context, loop, prefill_decode, serving,
-               speculative, structured, trace)
+               speculative, structured, trace, workshop)
 
 # The sections in the order they run; each returns a dict merged into the result, whose keys are the JSON keys the
 # issues name.
@@ -25,7 +25,7 @@ SECTIONS = {s.name: s for s in [prefill_decode.LOAD, loop.LOOP_VS_GENERATE, loop
                                 prefill_decode.DECODE, loop.WIDGETS, loop.DETOKENIZE, engine_section.SECTION, formats.SECTION,
                                 speculative.SECTION, trace.SECTION, structured.SECTION, serving.SECTION,
                                 fork.SERVING, fork.BEST_OF, attention.SECTION, long_context.SECTION,
-                                fleet.SECTION]}
+                                fleet.SECTION, workshop.SECTION]}
 
 
 def parse_only(only: str | None) -> list[str]:

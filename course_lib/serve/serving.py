@@ -108,6 +108,8 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
             body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
                                  "prefix_hit_rate": round(pool.hit_rate, 4), "prefix_hit_tokens": pool.hits,
                                  "prefix_lookup_tokens": pool.lookups}
+        if getattr(engine.batch, "forked", None) is not None:  # answers that shared a prompt read (n > 1)
+            body["forked"] = engine.batch.forked
         return body
 
     @app.get("/v1/models")
@@ -245,6 +247,8 @@ def chat_jobs(req: ChatRequest, sampling: SamplingConfig, tokenizer, prompt: lis
 class ServerHandle:
     """A running server: .url for clients, .stop() to shut down uvicorn and the engine."""
 
+    shared = False  # serve/room.RoomServer is the room's server, which a learner's stop() leaves running
+
     def __init__(self, app, host: str, port: int, api_key: str | None = None):
         import uvicorn
         self.app, self.url, self.api_key = app, f"http://{host}:{port}", api_key
@@ -259,6 +263,11 @@ class ServerHandle:
                 raise RuntimeError(f"the server did not start on {self.url} (is the port free?)")
             time.sleep(0.05)
         return self
+
+    @property
+    def headers(self) -> dict:
+        """The HTTP headers a raw client sends: the bearer token when the server has a key."""
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def stop(self) -> None:
         self.server.should_exit = True

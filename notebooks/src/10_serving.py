@@ -14,6 +14,9 @@
 # ## Set-up
 #
 # The server listens on 127.0.0.1 only (nothing outside this machine can reach it), on a free port.
+# In a workshop the instructor may run one server for the whole room (`python -m course_lib room`): with
+# `COURSE_SERVER_URL` (and `COURSE_SERVER_KEY`) set before JupyterLab starts, `lesson_server` returns that one
+# instead and says so, and every cell below talks to it. Your timings then include the room's requests.
 
 # %%
 import json
@@ -24,9 +27,10 @@ import httpx
 import openai
 import course_lib
 from course_lib.serve.serving import start_server, free_port
+from course_lib.serve.room import lesson_server
 
 model, tokenizer = course_lib.load_model()
-server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=256, max_batch=8)
+server = lesson_server(model, tokenizer, max_tokens_cap=256, max_batch=8)
 print("serving at", server.url)
 
 # %% [markdown]
@@ -37,7 +41,7 @@ print("serving at", server.url)
 # (`temperature` 1: sampled), so where we want the repeatable greedy answer we say `temperature=0`.
 
 # %%
-client = openai.OpenAI(base_url=server.url + "/v1", api_key="not-needed-locally")
+client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "not-needed-locally")
 reply = client.chat.completions.create(
     model="smollm2-135m-instruct", temperature=0,
     messages=[{"role": "system", "content": "You are a helpful assistant."},
@@ -51,7 +55,7 @@ print(repr(reply.choices[0].message.content), "| finish:", reply.choices[0].fini
 # %%
 sent = []
 with httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]}) as raw:
-    raw.post(server.url + "/v1/chat/completions", json={"model": "smollm2-135m-instruct", "max_tokens": 1,
+    raw.post(server.url + "/v1/chat/completions", headers=server.headers, json={"model": "smollm2-135m-instruct", "max_tokens": 1,
              "messages": [{"role": "user", "content": "My card number is 4111 1111 1111 1111."}]})
 print(server.url.split(":")[0], "request body:", sent[0].decode())
 
@@ -84,7 +88,7 @@ print(f"\n\nfirst piece after {arrivals[0] * 1000:.0f} ms, then one every {stati
 
 # %%
 body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True, "temperature": 0}
-with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as response:
+with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60) as response:
     for line in response.iter_lines():
         if line:
             if line.startswith("data: {"):  # the chunk's text is in choices[0].delta; drop the id and timestamp
@@ -148,7 +152,7 @@ cases = {"malformed JSON": b"{not json", "no messages": json.dumps({"messages": 
          "prompt beyond the window": json.dumps({"messages": [{"role": "user", "content": "hi " * 9000}]}).encode(),
          "body over 64 KB": json.dumps({"messages": [{"role": "user", "content": "x" * 70000}]}).encode()}
 for name, raw in cases.items():
-    r = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(url, content=raw, headers={"content-type": "application/json", **server.headers}, timeout=60)
     print(f"{name:<26} -> {r.status_code}: {r.json()['error']['message'][:80]}")
 
 # %% [markdown]
@@ -156,7 +160,7 @@ for name, raw in cases.items():
 # header says to what:
 
 # %%
-r = httpx.post(url, json={"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 100000}, timeout=120)
+r = httpx.post(url, json={"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 100000}, headers=server.headers, timeout=120)
 print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clamped"), "|",
       r.json()["usage"]["completion_tokens"], "tokens generated")
 
@@ -206,7 +210,8 @@ paged_server.stop()
 
 # %%
 server.stop()
-print("server stopped; engine thread alive:", server.app.state.engine.thread.is_alive())
+if not server.shared:  # the room's server has no engine here: it runs on the instructor's machine
+    print("server stopped; engine thread alive:", server.app.state.engine.thread.is_alive())
 
 # %% [markdown]
 # ---

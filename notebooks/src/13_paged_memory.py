@@ -354,11 +354,12 @@ print({j.name: j.tokens == alone[j.name] for j in check})
 
 # %%
 import httpx
+from course_lib.serve.room import lesson_server
 from course_lib.serve.serving import free_port, start_server
 
-server = start_server(ours, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
+server = lesson_server(ours, tokenizer, kv_cache="paged", kv_blocks=160, max_tokens_cap=24)  # the room's, if set
 for q in HANDBOOK_QUESTIONS[:2]:  # the messages a client sends: the handbook as the system prompt, then the question
-    reply = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+    reply = httpx.post(server.url + "/v1/chat/completions", timeout=120, headers=server.headers,
                        json={"messages": handbook_messages(q), "temperature": 0}).json()
     print(q, "->", reply["choices"][0]["message"]["content"])
 print("health:", httpx.get(server.url + "/health").json())
@@ -511,8 +512,8 @@ plt.show()
 # %%
 import openai
 
-server = start_server(ours, tokenizer, free_port(), kv_cache="paged", kv_blocks=160, max_tokens_cap=24)
-client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", max_retries=0)
+server = lesson_server(ours, tokenizer, kv_cache="paged", kv_blocks=160, max_tokens_cap=24)  # the room's, if set
+client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "local", max_retries=0)
 reply = client.chat.completions.create(model="smollm2-135m-instruct", n=3, seed=1, temperature=1.0, max_tokens=12,
                                        messages=[{"role": "user", "content": "Name a colour."}],
                                        logprobs=True, top_logprobs=3)
@@ -522,7 +523,7 @@ print("\nanswer 0, token by token: chosen (log-probability) | the three likelies
 for entry in reply.choices[0].logprobs.content[:6]:
     others = ", ".join(f"{t.token!r} {t.logprob:.2f}" for t in entry.top_logprobs)
     print(f"{entry.token!r:>12} ({entry.logprob:.2f}) | {others}")
-print("forked answers so far:", server.app.state.engine.batch.forked)
+print("forked answers so far:", httpx.get(server.url + "/health").json()["forked"])
 server.stop()
 
 # %% [markdown]

@@ -161,10 +161,10 @@ print("6 tokens:", repr(short.text), "| complete:", short.complete, "| value:", 
 
 # %%
 import openai
-from course_lib.serve.serving import free_port, start_server
+from course_lib.serve.room import lesson_server
 
-server = start_server(model, tokenizer, port=free_port(), max_tokens_cap=96)
-client = openai.OpenAI(base_url=server.url + "/v1", api_key="local", timeout=120, max_retries=0)
+server = lesson_server(model, tokenizer, max_tokens_cap=96)  # the room's, if COURSE_SERVER_URL is set
+client = openai.OpenAI(base_url=server.url + "/v1", api_key=server.api_key or "local", timeout=120, max_retries=0)
 first = receipts()[0]
 reply = client.chat.completions.create(
     model="smollm2-135m-instruct", messages=receipt_request(first["text"]), temperature=0, max_tokens=96,
