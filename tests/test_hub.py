@@ -191,7 +191,9 @@ def test_three_learners_run_a_lesson_through_the_hub(hub):
     answers = asyncio.run(everyone(ANSWER))
     texts = [out["stdout"].split("ANSWER", 1)[1].strip() for out in answers]
     assert texts[0] and texts == [texts[0]] * len(USERS), texts  # greedy: the same answer in every seat
-    where = asyncio.run(everyone("import course_lib.loading as L, sys; print(L.cache_root(), sys.prefix)"))
+    where = asyncio.run(everyone("import course_lib.loading as L, sys, torch; "
+                                 "print(L.cache_root(), sys.prefix, torch.get_num_threads())"))
+    assert where[0]["stdout"].split()[-1] == "1", where[0]  # one thread per seat (HUB_SEAT_CPUS)
     assert {out["stdout"] for out in where} == {where[0]["stdout"]}  # one model cache, one environment for all
     peaks = {user: _cgroup_peak(user) for user in USERS}
     if all(peak is not None for peak in peaks.values()):

@@ -12,7 +12,9 @@ serve over TLS. Log-in: DummyAuthenticator with HUB_PASSWORD (any name; set a pa
 admin token HUB_ADMIN_TOKEN through the REST API (the tests do that).
 
 Settings (environment): HUB_IP (127.0.0.1), HUB_PORT (8000), HUB_API_PORT (8081), HUB_STATE (folder for the
-database and secrets, default HUB_HOMES/.hub), HUB_SEAT_MEMORY, HUB_PASSWORD, HUB_ADMIN_TOKEN,
+database and secrets, default HUB_HOMES/.hub), HUB_SEAT_MEMORY, HUB_SEAT_CPUS (torch threads per kernel, default 1:
+thirty kernels each taking every core would all crawl; lessons that time kernels set their own), HUB_PASSWORD,
+HUB_ADMIN_TOKEN,
 HUB_PROXY (configurable-http-proxy's path; default deploy/hub/node_modules/.bin/ then PATH).
 """
 import os
@@ -117,8 +119,9 @@ c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
 c.Spawner.args = ["--ServerApp.allow_root=True"] if os.getuid() == 0 else []
 c.Spawner.default_url = "/lab/tree/notebooks/00_pipeline_tour.ipynb"
 c.Spawner.mem_limit = SEAT
+CPUS = os.environ.get("HUB_SEAT_CPUS", "1")  # threads per learner's kernel: a seat shares the machine's cores
 c.Spawner.environment = {"COURSE_CACHE_DIR": os.environ.get("COURSE_CACHE_DIR", str(ROOT / ".course_cache")),
-                         "MEM_LIMIT_BYTES": str(_bytes(SEAT))}
+                         "MEM_LIMIT_BYTES": str(_bytes(SEAT)), "OMP_NUM_THREADS": CPUS, "MKL_NUM_THREADS": CPUS}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 
