@@ -116,7 +116,10 @@ c.Authenticator.allow_all = True
 c.JupyterHub.spawner_class = CourseSpawner
 c.CourseSpawner.home_dir_template = str(HOMES / "{username}")
 c.Spawner.cmd = [str(VENV_BIN / "jupyterhub-singleuser")]
-c.Spawner.args = ["--ServerApp.allow_root=True"] if os.getuid() == 0 else []
+# A kernel whose tab was closed keeps its model in memory: shut it down after 10 idle minutes (kernels with a tab
+# open are never culled), so a seat's memory limit holds one lesson at a time.
+c.Spawner.args = ["--MappingKernelManager.cull_idle_timeout=600", "--MappingKernelManager.cull_interval=60",
+                  "--MappingKernelManager.cull_connected=False"] + (["--ServerApp.allow_root=True"] if os.getuid() == 0 else [])
 c.Spawner.default_url = "/lab/tree/notebooks/00_pipeline_tour.ipynb"
 c.Spawner.mem_limit = SEAT
 CPUS = os.environ.get("HUB_SEAT_CPUS", "1")  # threads per learner's kernel: a seat shares the machine's cores
