@@ -162,12 +162,16 @@ def hub(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
-        for user in USERS:  # the learners' memory cgroups, once their processes are gone
-            for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")):
+        groups = [base / "llm-course-hub" / user for base in (Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup"))
+                  for user in USERS]
+        end = time.monotonic() + 20
+        while any(g.exists() for g in groups) and time.monotonic() < end:  # the learners' memory cgroups, once
+            for group in groups:                                            # their last processes have exited
                 try:
-                    (base / "llm-course-hub" / user).rmdir()
+                    group.rmdir()
                 except OSError:
                     pass
+            time.sleep(0.5)
 
 
 def test_three_learners_run_a_lesson_through_the_hub(hub):

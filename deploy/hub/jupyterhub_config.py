@@ -46,8 +46,12 @@ def _cgroup_dir(user: str) -> tuple[Path, str] | None:
             continue
         folder = base / CGROUP_NAME / user
         try:
-            if folder.exists():  # a fresh group per start, so its peak is this server's (fails while one still runs)
-                folder.rmdir()
+            if folder.exists():  # a fresh group per start, so its peak is this server's
+                try:
+                    folder.rmdir()
+                except OSError:  # a process of the last start is still exiting: keep the group, restart its peak
+                    if limit == "memory.limit_in_bytes":
+                        (folder / "memory.max_usage_in_bytes").write_text("0")
             if limit == "memory.max":  # cgroup v2: the parent must hand the memory controller down
                 (base / CGROUP_NAME).mkdir(exist_ok=True)
                 (base / CGROUP_NAME / "cgroup.subtree_control").write_text("+memory")
