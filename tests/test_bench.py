@@ -219,6 +219,7 @@ def test_fleet_section_reports_its_keys(model, tokenizer):
 
 
 def test_workshop_section_reports_its_keys(model, tokenizer):
+    from course_lib.measure.workshop import learners_within
     result = run(model, tokenizer, quick=True, only="workshop", progress=False)
     room = result["workshop"]
     rows = room["learners"]  # the workshop.learners: per learner count
@@ -226,6 +227,6 @@ def test_workshop_section_reports_its_keys(model, tokenizer):
     for row in rows:
         assert row["finished"] == row["requests"] == row["learners"] * room["requests_each"] and not row["errors"]
         assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and 0 < row["itl_p99_s"]
-    assert room["learners_within_targets"] in (0, 1, 3)
+    assert room["learners_within_targets"] == learners_within(rows)  # the largest count with all below it met
     report = format_report(result)
     assert "workshop.learners   3" in report and "this machine serves" in report

@@ -22,7 +22,7 @@ from .load import CHATS, Outcome, TraceRequest, _loopback, _send, percentile
 from .section import Section
 
 # What a learner waits for before the stream stops feeling live: the first words within 2 s, then no pause longer
-# than a quarter of a second (faster than people read, about 5 tokens a second).
+# than a quarter of a second (at least four tokens a second, about reading pace).
 ROOM_TARGETS = {"ttft_p99_s": 2.0, "itl_p99_s": 0.25}
 STORY = "Write a short story about a robot who learns to paint."
 

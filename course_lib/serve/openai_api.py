@@ -38,6 +38,11 @@ class ApiError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
 
+def bearer_headers(api_key: str | None) -> dict:
+    """The HTTP headers an OpenAI client sends for this key ("Authorization: Bearer <key>"); none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error object. Example: error_body("bad", param="top_p") -> {"error": {"message": "bad", ...}}"""

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from .openai_api import bearer_headers
+
 ROOM_URL, ROOM_KEY = "COURSE_SERVER_URL", "COURSE_SERVER_KEY"
 ROOM_FORMATS = ("float32", "int4")
 ROOM_DEFAULTS = {"kv_cache": "paged", "max_batch": 16, "max_tokens_cap": 256, "token_budget": 256}
@@ -24,10 +26,6 @@ ROOM_DEFAULTS = {"kv_cache": "paged", "max_batch": 16, "max_tokens_cap": 256, "t
 
 class RoomUnreachable(RuntimeError):
     """COURSE_SERVER_URL is set but the server there does not answer, or refuses the key."""
-
-
-def _headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 @dataclass
@@ -40,7 +38,7 @@ class RoomServer:
 
     @property
     def headers(self) -> dict:
-        return _headers(self.api_key)
+        return bearer_headers(self.api_key)
 
     def stop(self) -> None:
         print(f"the room's server at {self.url} keeps running for the others: the instructor stops it")
@@ -63,7 +61,7 @@ def connect(url: str, api_key: str | None, timeout: float = 5.0) -> RoomServer:
     import httpx
     fix = f"ask the instructor whether the room's server runs, or unset {ROOM_URL} to start your own server"
     try:
-        reply = httpx.get(url + "/v1/models", headers=_headers(api_key), timeout=timeout)
+        reply = httpx.get(url + "/v1/models", headers=bearer_headers(api_key), timeout=timeout)
     except httpx.HTTPError as err:
         raise RoomUnreachable(f"the room's server at {url} ({ROOM_URL}) does not answer "
                               f"({type(err).__name__}): {fix}") from None

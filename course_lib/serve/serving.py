@@ -37,8 +37,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..runtime import free_port  # noqa: F401 - lessons and tests import it from here, beside start_server
 from ..text.context import context_ids
 from .engine_thread import KV_CACHES, EngineThread, paged_engine
-from .openai_api import (ApiError, ChatRequest, chunk_events, error_body, failure_response, logprobs_body,
-                         parse_chat_request, usage)
+from .openai_api import (ApiError, ChatRequest, bearer_headers, chunk_events, error_body, failure_response,
+                         logprobs_body, parse_chat_request, usage)
 from ..engine.request import FAILURES, FINISH_REASON, Job, Stopper, end_of_turn_ids
 from ..engine.text_out import cut_at_stop
 from ..engine.sampling import SamplingConfig, greedy, make_sampler
@@ -267,7 +267,7 @@ class ServerHandle:
     @property
     def headers(self) -> dict:
         """The HTTP headers a raw client sends: the bearer token when the server has a key."""
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer_headers(self.api_key)
 
     def stop(self) -> None:
         self.server.should_exit = True

@@ -55,8 +55,9 @@ print(repr(reply.choices[0].message.content), "| finish:", reply.choices[0].fini
 # %%
 sent = []
 with httpx.Client(event_hooks={"request": [lambda r: sent.append(r.read())]}) as raw:
-    raw.post(server.url + "/v1/chat/completions", headers=server.headers, json={"model": "smollm2-135m-instruct", "max_tokens": 1,
-             "messages": [{"role": "user", "content": "My card number is 4111 1111 1111 1111."}]})
+    raw.post(server.url + "/v1/chat/completions", headers=server.headers,
+             json={"model": "smollm2-135m-instruct", "max_tokens": 1,
+                   "messages": [{"role": "user", "content": "My card number is 4111 1111 1111 1111."}]})
 print(server.url.split(":")[0], "request body:", sent[0].decode())
 
 # %% [markdown]
@@ -88,7 +89,8 @@ print(f"\n\nfirst piece after {arrivals[0] * 1000:.0f} ms, then one every {stati
 
 # %%
 body = {"messages": [{"role": "user", "content": "What is the capital of France?"}], "stream": True, "temperature": 0}
-with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=server.headers, timeout=60) as response:
+with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=server.headers,
+                  timeout=60) as response:
     for line in response.iter_lines():
         if line:
             if line.startswith("data: {"):  # the chunk's text is in choices[0].delta; drop the id and timestamp
@@ -160,7 +162,8 @@ for name, raw in cases.items():
 # header says to what:
 
 # %%
-r = httpx.post(url, json={"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 100000}, headers=server.headers, timeout=120)
+r = httpx.post(url, json={"messages": [{"role": "user", "content": "Count to five."}], "max_tokens": 100000},
+               headers=server.headers, timeout=120)
 print(r.status_code, "| x-max-tokens-clamped:", r.headers.get("x-max-tokens-clamped"), "|",
       r.json()["usage"]["completion_tokens"], "tokens generated")
 

@@ -206,7 +206,7 @@ else:
     print("no committed trace run: make one with python -m course_lib bench --only fleet")
 
 # %% [markdown]
-# Read these rows before trusting the picture of section 2's diagram. The bench ran both processes on the same
+# Read these rows against section 2's diagram. The bench ran both processes on the same
 # two cores, and one prefill process reads every prompt in turn: a short chat that arrives behind a long document
 # waits for the whole document, and the prefill process's work still takes cores from the decode loop. Where
 # that run shows the shipped side's time to first token longest, or its p99 gap above the chunked one's, that is
