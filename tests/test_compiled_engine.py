@@ -97,3 +97,58 @@ def test_generate_compiled_gives_the_eager_tokens(small, tokenizer):
     got = generate(runner, tokenizer, prompt, 8, stop_ids=())
     assert got.token_ids == want.token_ids  # float32: the fused kernels add in another order, no near-tie here
     assert runner.steps[(1, 256, torch.get_num_threads())].compile_seconds > 0
+    # a batch of three rows, then of five in a larger bucket: one more compile (a batch), then the same code
+    prompts = [tokenizer.encode(t) for t in ("one", "two rows", "three rows here", "four", "five")]
+    for rows, n in ((3, 6), (5, 300)):
+        jobs = [Job(f"b{rows}{i}", p, n) for i, p in enumerate(prompts[:rows])]
+        run_schedule(runner, jobs, max_batch=rows, continuous=True)
+        assert [j.tokens for j in jobs] == [generate(small, tokenizer, p, n, stop_ids=()).token_ids for p in prompts[:rows]]
+    assert {(3, 256), (5, 512)} <= {key[:2] for key in runner.steps} and len(runner.compiled_code) == 1
+    from torch._dynamo.utils import counters
+    assert counters["stats"]["unique_graphs"] <= 3  # a single row, a batch (and no graph per bucket)
+
+
+def test_rows_that_join_and_leave_keep_the_cache_in_a_bucket_and_their_tokens(small, tokenizer):
+    """Continuous batching joins newcomers (left-padded) and drops finished rows: the scheduler hands the cache back
+    to the runner's fit_cache, so the decode steps after a join still run static, with each row's own tokens."""
+    texts = ("One", "Two words here", "A third prompt that is longer than the others", "Four", "Five and six")
+    prompts = [tokenizer.encode(t) for t in texts]
+    lengths = (3, 9, 5, 7, 4)  # rows finish at different steps: rows leave and newcomers join mid-batch
+    want = [generate(small, tokenizer, p, n, stop_ids=()).token_ids for p, n in zip(prompts, lengths)]
+    runner = CompiledRunner(small, compile=False)
+    jobs = [Job(f"r{i}", p, n) for i, (p, n) in enumerate(zip(prompts, lengths))]
+    run_schedule(runner, jobs, max_batch=2, continuous=True)
+    assert [j.tokens for j in jobs] == want
+    assert runner.static_calls >= sum(lengths) // 2  # without fit_cache, every step after the first join ran eagerly
+    assert all(rows in (1, 2) and capacity in CAPACITIES for rows, capacity, _ in runner.steps)
+    fresh = small.new_cache(2, 300)  # a capacity between buckets, as a join leaves
+    fresh.length = 40
+    fitted = runner.fit_cache(fresh)
+    assert fitted.capacity == 256 and fitted.length == 40
+    assert torch.equal(fitted.keys[0][:, :, :40], fresh.keys[0][:, :, :40])
+    assert runner.fit_cache(fitted) is fitted  # already a bucket: no copy
+
+
+def test_the_server_runs_the_compiled_runner_when_asked(small, tokenizer, monkeypatch):
+    import httpx
+    import course_lib.runner.compiled as compiled
+    from course_lib.serve.serving import create_app, free_port, start_server
+    monkeypatch.setattr(compiled, "compiled_runner", lambda model: CompiledRunner(model, compile=False))
+    body = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Say something"}],
+            "temperature": 0, "max_tokens": 6}
+    answers = {}
+    for fast in (False, True):
+        handle = start_server(small, tokenizer, port=free_port(), compiled=fast)
+        try:
+            reply = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=60).json()
+            answers[fast] = reply["choices"][0]["message"]["content"]
+            health = httpx.get(handle.url + "/health", timeout=10).json()
+        finally:
+            handle.stop()
+        assert ("compiled" in health) is fast
+    assert answers[True] == answers[False]
+    assert health["compiled"]["static_steps"] >= 4 and health["compiled"]["why_eager"] == ""
+    with pytest.raises(ValueError, match="paged cache's decode reads its block tables"):
+        create_app(small, tokenizer, kv_cache="paged", compiled=True)
+    with pytest.raises(ValueError, match="unknown weight format"):
+        create_app(small, tokenizer, fmt="int3")

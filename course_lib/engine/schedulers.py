@@ -195,6 +195,8 @@ class PaddedScheduler(Clock):
         the newcomers. Returns (job, (1, V) logits, None) for every row."""
         self._retire()
         if self.rows:
+            if hasattr(self.model, "fit_cache"):  # a compiled runner: keep the cache in a bucket's shape (runner.compiled)
+                self.cache = self.model.fit_cache(self.cache)
             tokens = torch.tensor([self.fed.pop(j.name) for j in self.rows], dtype=torch.long, device=self.model.device)
             self.mask = torch.cat([self.mask, self.mask.new_ones(self.mask.shape[0], 1)], dim=1)  # (B, S + 1)
             self.logits, self.cache = decode_step(self.model, tokens, self.cache, attention_mask=self.mask,

@@ -5,7 +5,8 @@ What it does: `compiled_generate` times the course's whole loop (generation.gene
 detokenizer) on the int4 format, eagerly and with `compiled=True` (runner.compiled.CompiledRunner, its bucket
 compiled in an untimed warm-up), alternating, best of `repeats`, and compares the tokens. `batch_scaling` times one
 decode step of B rows (B = 1, 2, 4, 8, a cache of `context` tokens) through the engine's eager step and through
-the compiled static step, and gives tokens per second (B / the median step).
+the compiled runner's step (one dynamic-shape compile for one row, one for a batch), and gives tokens per second
+(B / the median step).
 What it does not do: decide anything; the bench's engine section reports these under `compiled_generate` and
 `batch_scaling`.
 """
@@ -18,7 +19,7 @@ import torch
 from ..engine.generation import generate
 from ..engine.stages import decode_step, prefill
 from ..runner.compiled import CompiledRunner, bucket
-from ..runner.static_step import StaticDecode, compile_available
+from ..runner.static_step import compile_available
 from ..runtime import median, synchronize
 from .compiled import first_difference
 from .timers import TIMING_TOKEN, best_of
@@ -60,6 +61,7 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
     can, why = compile_available()
     compile = compile and can
     capacity = bucket(context + steps + 2, model.config.max_position_embeddings)
+    runner = CompiledRunner(model, compile=compile)
     ids = list(range(100, 100 + context))
     rows = {"eager": {}, "compiled": {}}
     for B in batches:
@@ -71,7 +73,7 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
             times.append(seconds)
         cache.length = start
         rows["eager"][B] = _row(B, times[1:])
-        run = StaticDecode(model, B, cache.capacity, compile=compile)
+        run = runner.step_for(B, cache.capacity)  # the engine's own step: one compiled code for every B
         times = []
         for _ in range(steps + 1):
             seconds, _ = best_of(lambda: run([TIMING_TOKEN] * B, cache), 1, model.device, warmup=0)

@@ -1,14 +1,18 @@
-"""The course's model with its decode steps compiled, in buckets: what `generate(..., compiled=True)` runs.
+"""The course's model with its decode steps compiled: what `generate(..., compiled=True)` and the server's
+`compiled=True` run.
 
 What it does: `CompiledRunner` wraps the course's own model (any weight format) and meets the same runner contract
 (forward.Runner), so the stages and schedulers run it unchanged. Its caches are the course's KVCache with the
-capacity rounded up to a bucket (CAPACITIES: 256 to 8,192 columns). A decode step (one token per row) on such a
-cache, for a batch of BATCHES rows, goes through a static_step.StaticDecode built for that (rows, capacity, thread
-count) the first time it is needed and compiled by torch.compile (tens of seconds on the CPU the first time; torch's
-on-disk cache shortens later ones): the idea of a GPU engine's CUDA graphs captured per batch size, on the CPU.
-Everything else (a prompt, several tokens at once, a cache of another shape, another runner's cache) runs the model
-eagerly, as without it. Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model,
-every step runs eagerly and `why_eager` says why (printed once).
+capacity rounded up to a bucket (CAPACITIES: 256 to 8,192 columns), so attention never reads many more columns
+than the context holds. A decode step (one token per row, any number of rows) goes through a
+static_step.StaticDecode over that cache, and every StaticDecode of a runner calls ONE function compiled by
+torch.compile with dynamic shapes: the rows and the capacity are symbols in the generated code, so the compiler
+runs twice per thread count (torch specializes a single row apart from a batch), not once per (rows, capacity).
+That is the idea of a GPU engine's CUDA graphs captured at start-up, on the CPU; `warm()` pays both compiles
+before a server listens. A scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back
+in a bucket. Everything else (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
+Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
+and `why_eager` says why (printed once).
 What it does not do: change the numbers in float32 beyond rounding order (the step attends over the whole bucket
 with a mask: the tokens equal the eager path's on the running examples); in bfloat16 (the int4 format's
 activations) a near-tie between two tokens can flip, and the engine's tests say where. It does not page: a paged
@@ -16,16 +20,18 @@ cache runs its decode eagerly through the block tables.
 """
 from __future__ import annotations
 
+import functools
+import time
 import weakref
 
 import torch
 
+from ..runtime import synchronize
 from .kv_cache import KVCache
 from .model import Output
-from .static_step import StaticDecode, compile_available
+from .static_step import COMPILE_OPTIONS, StaticDecode, compile_available
 
 CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # columns a compiled step's cache holds, smallest that fits wins
-BATCHES = (1, 2, 4, 8)  # rows a compiled step runs; other counts run eagerly
 
 
 def bucket(capacity: int, window: int) -> int:
@@ -42,7 +48,9 @@ class CompiledRunner:
         cheaply); without a C++ compiler every step runs the model eagerly, and why_eager says so."""
         self.model, self.config = model, model.config
         self.generation_config = getattr(model, "generation_config", None)
-        self.steps: dict[tuple, StaticDecode] = {}  # (rows, capacity, threads) -> its step
+        self.steps: dict[tuple, StaticDecode] = {}  # (rows, capacity, threads) -> its step (sharing one code)
+        self.compiled_code: dict[int, object] = {}  # threads -> StaticDecode._decode compiled with dynamic shapes
+        self.compile_seconds = 0.0  # the first calls that compiled (a single row, then a batch), per thread count
         if not hasattr(model, "layers") or not hasattr(model, "new_cache"):
             raise TypeError("a compiled step runs the course's own model: build it with Model.from_transformers(model) "
                             "(and formats.convert(ours, 'int4') for the 4-bit format)")
@@ -61,22 +69,73 @@ class CompiledRunner:
         """An empty KVCache of `batch` rows, its capacity rounded up to a bucket."""
         return self.model.new_cache(batch, bucket(capacity, self.config.max_position_embeddings))
 
+    def fit_cache(self, cache):
+        """The same tokens in a cache of a bucket's shape, so the next decode step can run compiled: a scheduler calls
+        it after it joined, dropped or trimmed rows (which leave a capacity between buckets). One copy of the
+        columns written so far, only when the shape is off; any other cache is returned as it is."""
+        if not isinstance(cache, KVCache) or self.why_eager:
+            return cache
+        window = self.config.max_position_embeddings
+        if self.bucketed(cache):
+            return cache
+        capacity = bucket(cache.length + 1, window)
+        if capacity <= cache.length:  # the window is full: nothing fits a bucket
+            return cache
+        fresh = self.model.new_cache(cache.batch, capacity)
+        for new, old in ((fresh.keys, cache.keys), (fresh.values, cache.values)):
+            for layer, t in enumerate(old):
+                new[layer][:, :, :cache.length] = t[:, :, :cache.length]
+        fresh.length = cache.length
+        return fresh
+
     def step_for(self, rows: int, capacity: int) -> StaticDecode:
-        """The compiled step of this bucket, built (and compiled at its first call) the first time it is asked for.
-        note: torch.compile's CPU kernels are built for the thread count they were compiled at, so it is part of
-        the key."""
-        key = (rows, capacity, torch.get_num_threads())
+        """The step of this (rows, capacity), built the first time it is asked for, calling the runner's one compiled
+        function. note: torch.compile's CPU kernels are built for the thread count they were compiled at, so the
+        thread count is part of the key.
+        subtle: the compiled code is StaticDecode._decode compiled once with dynamic=True and handed each step
+        object as its first argument: the step's tensors (rotary tables, column numbers) are inputs of symbolic
+        size, so a new (rows, capacity) runs the code already built instead of compiling again. Measured on the
+        AMD course machine (int4, 1 thread): about 80 s of compiling per (rows, capacity) with static shapes; with
+        dynamic shapes about 180 s once for a single row and once for a batch (60-70 s each from torch's
+        on-disk cache), and steps as fast (15-19 ms for one row, 43 ms for eight, against 14-15 and 51)."""
+        threads = torch.get_num_threads()
+        key = (rows, capacity, threads)
         if key not in self.steps:
-            self.steps[key] = StaticDecode(self.model, rows, capacity, compile=self.compile)
+            step = StaticDecode(self.model, rows, capacity, compile=False)
+            if self.compile:
+                if threads not in self.compiled_code:
+                    StaticDecode.allow_recompiles()
+                    self.compiled_code[threads] = torch.compile(StaticDecode._decode, dynamic=True,
+                                                                options=COMPILE_OPTIONS)
+                step._step, step.compiled = functools.partial(self.compiled_code[threads], step), True
+            self.steps[key] = step
         return self.steps[key]
+
+    def warm(self, capacity: int = CAPACITIES[0]) -> float:
+        """Compile now what the decode steps will need (one row, then two), on scratch caches: what a server does
+        before it listens, so no request waits for the compiler. Returns the seconds it took (tens of seconds to
+        minutes on a CPU the first time; nothing to do without a compiler)."""
+        if self.why_eager or not self.compile:
+            return 0.0
+        start = time.perf_counter()
+        for rows in (1, 2):
+            cache = self.new_cache(rows, capacity)
+            self.step_for(rows, cache.capacity)([0] * rows, cache)
+        synchronize(self.model.device)
+        self.compile_seconds = time.perf_counter() - start
+        return self.compile_seconds
 
     def runs_compiled(self, input_ids: torch.Tensor, cache) -> bool:
         """Whether this call goes through a compiled step: one token per row, a KVCache of a bucket's shape."""
-        if self.why_eager or input_ids.shape[1] != 1 or input_ids.shape[0] not in BATCHES:
+        if self.why_eager or input_ids.shape[1] != 1:
             return False
-        keys = getattr(cache, "keys", None)
-        return (isinstance(cache, KVCache) and keys[0].shape[2] in CAPACITIES and keys[0].shape[0] == input_ids.shape[0]
-                and cache.length < keys[0].shape[2])
+        return isinstance(cache, KVCache) and cache.batch == input_ids.shape[0] and self.bucketed(cache)
+
+    def bucketed(self, cache: KVCache) -> bool:
+        """Whether a KVCache has a bucket's capacity (or the window's), room for one more column, and buffers a
+        step can write in place."""
+        return (cache.capacity in CAPACITIES + (self.config.max_position_embeddings,) and cache.length < cache.capacity
+                and cache.keys[0].is_contiguous())
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, cache=None, use_cache: bool = True,

@@ -40,7 +40,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if 1 < rows <= SEVERAL_ROWS and self.kernel == "onednn":
+        # note: under torch.compile the compiler picks the product's kernel itself (and a symbolic row count
+        # cannot go to oneDNN's operator called by name)
+        if 1 < rows <= SEVERAL_ROWS and self.kernel == "onednn" and not torch.compiler.is_compiling():
             return onednn_linear(x.reshape(rows, x.shape[-1]), self.weight).reshape(*x.shape[:-1], self.weight.shape[0])
         return F.linear(x, self.weight)  # note: by columns, this is the plain x @ M with M (in, out) row-major
 

@@ -48,9 +48,7 @@ class StaticDecode:
             ok, why = compile_available()
             if not ok:
                 raise RuntimeError(why)
-            from torch._dynamo import config as dynamo_config
-            # note: each (rows, capacity) is a new specialization of the same code: let dynamo keep them all
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+            self.allow_recompiles()
         self.model, self.batch, self.capacity, self.compiled = model, batch, capacity, compile
         self.cos = model.cos.to(model.dtype).clone()  # (window, D): read at positions given as a tensor
         self.sin = model.sin.to(model.dtype).clone()
@@ -63,6 +61,12 @@ class StaticDecode:
         # generated C++ instead of generated Python (about 300 calls a step): int4, 1 thread, 11.0 -> 10.0 ms a
         # step; 2 threads 7.0 -> 6.3 (two runs each); the first compile takes about 60 s instead of 20.
         self._step = torch.compile(self._decode, dynamic=False, options=COMPILE_OPTIONS) if compile else self._decode
+
+    @staticmethod
+    def allow_recompiles() -> None:
+        """note: each (rows, capacity) is a new specialization of the same code: let dynamo keep them all."""
+        from torch._dynamo import config as dynamo_config
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
 
     def fits(self, cache) -> bool:
         """Whether this step runs on `cache`: the course's KVCache, of this step's rows and capacity, with room."""
@@ -90,7 +94,7 @@ class StaticDecode:
             out = self._step(tokens, column_t, positions, key_mask, cache.keys, cache.values)
             # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
             logits = head(self.model, out) if self.head_apart else out
-        if self.compiled and self.compile_seconds == 0.0:
+        if self.compiled and self.compile_seconds == 0.0:  # (a runner's shared code: only its first call compiles)
             synchronize(device)
             self.compile_seconds = time.perf_counter() - start
         cache.length = column + 1

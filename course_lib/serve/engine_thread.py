@@ -56,6 +56,22 @@ class EngineThread:
     def active(self) -> list[str]:
         return [j.name for j in self.batch.jobs]
 
+    def health(self) -> dict:
+        """What the server's GET /health reports: requests running and served; the paged pool, answers that shared
+        a prompt read and the compiled runner's steps where there are."""
+        body = {"status": "ok", "active": self.active(), "served": self.served}
+        pool = getattr(self.batch, "pool", None)
+        if pool is not None:  # the paged cache: how full the pool is
+            body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
+                                 "prefix_hit_rate": round(pool.hit_rate, 4), "prefix_hit_tokens": pool.hits,
+                                 "prefix_lookup_tokens": pool.lookups}
+        if hasattr(self.model, "static_calls"):  # the compiled runner: steps that ran compiled, and the rest
+            body["compiled"] = {"static_steps": self.model.static_calls, "eager_calls": self.model.eager_calls,
+                                "why_eager": self.model.why_eager}
+        if getattr(self.batch, "forked", None) is not None:  # answers that shared a prompt read (n > 1)
+            body["forked"] = self.batch.forked
+        return body
+
     def _run(self) -> None:
         while not self._stop.is_set():
             newcomers = []
@@ -112,3 +128,31 @@ def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budg
     blocks = kv_blocks if kv_blocks is not None else blocks_for(ours.config.max_position_embeddings + 1)
     return ours, lambda: PagedScheduler(ours, BlockPool.for_model(ours, blocks, prefix_caching=prefix_caching),
                                     "preempt", max_batch, token_budget=token_budget)
+
+
+def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: str = "contiguous"):
+    """The model a server runs when asked for a weight format and the compiled step (issue: the fast path is the
+    engine): the course's own model (a transformers model is rewritten), converted to `fmt` (one of
+    runner.formats.FORMATS, from float32), then wrapped in runner.compiled's CompiledRunner when compiled=True and
+    compiled before it serves (CompiledRunner.warm: no request waits for the compiler).
+    The compiled step runs on the contiguous cache only: the paged cache's decode reads its block tables eagerly
+    (lesson 16), so compiled=True with kv_cache="paged" is refused with that reason, not ignored."""
+    if fmt is None and not compiled:
+        return model
+    if compiled and kv_cache == "paged":
+        raise ValueError("compiled=True runs the static decode step on the contiguous cache; the paged cache's "
+                         "decode reads its block tables eagerly: pass kv_cache='contiguous' (or compiled=False)")
+    ours = model if isinstance(model, Model) else Model.from_transformers(model)
+    if fmt is not None:
+        from ..runner.formats import convert
+        ours = convert(ours, fmt)
+    if compiled:
+        from ..runner.compiled import compiled_runner
+        runner = compiled_runner(ours)
+        if runner.compile and not runner.why_eager and not runner.compiled_code:
+            print("compiling the decode step before serving (a single row, then a batch; up to a few minutes the "
+                  "first time on a CPU)...", flush=True)
+            print(f"compiled in {runner.warm():.0f} s", flush=True)
+        return runner
+    return ours
+

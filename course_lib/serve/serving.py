@@ -12,10 +12,10 @@ cache they fork the first one's prompt blocks) and logprobs / top_logprobs come 
 (`chat_jobs`, `choice_body`). max_tokens above the cap is clamped to it
 (the header x-max-tokens-clamped says so); a client that disconnects, streaming or not, is dropped
 from the batch at the next step. Loopback only by default; allow_network=True opts in to a local
-network, with a generated API key and a concurrency cap.
-With kv_cache="paged" the engine serves from the course's own model on lesson 13's paged cache
-(prefix caching, preemption instead of failure when the pool is full, chunked prefill within a per-step
-token budget with token_budget=N); /health then reports the pool. A request the engine could not serve
+network, with a generated API key and a concurrency cap. fmt="int4", compiled=True: the course's model in that
+format, decode steps compiled. With kv_cache="paged": the course's own model on lesson 13's paged cache (prefix
+caching, preemption instead of failure when the pool is full, chunked prefill within a per-step token budget with
+token_budget=N); /health then reports the pool. A request the engine could not serve
 (an engine error, or a scheduler's refusal) reaches the client as an error (HTTP 500/503, or an error
 event in a stream), never as finish_reason "stop".
 What it does not do: TLS or user accounts.
@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime import free_port  # noqa: F401 - lessons and tests import it from here, beside start_server
 from ..text.context import context_ids
-from .engine_thread import KV_CACHES, EngineThread, paged_engine
+from .engine_thread import KV_CACHES, EngineThread, fast_model, paged_engine
 from .openai_api import (ApiError, ChatRequest, bearer_headers, chunk_events, error_body, failure_response,
                          logprobs_body, parse_chat_request, usage)
 from ..engine.request import FAILURES, FINISH_REASON, Job, Stopper, end_of_turn_ids
@@ -54,15 +54,18 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
 def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", max_tokens_cap: int = 256,
                max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
                max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None,
-               token_budget: int | None = None, prefix_caching: bool = True) -> FastAPI:
+               token_budget: int | None = None, prefix_caching: bool = True, fmt: str | None = None,
+               compiled: bool = False) -> FastAPI:
     """The FastAPI app; app.state.engine is its EngineThread, started and stopped with the app (its lifespan).
     api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
     max_concurrent: requests in flight at once; more get 429 (None: no cap).
     kv_cache: "contiguous" (continuous batching on the model as given) or "paged" (lesson 13: the course's
     own model on a paged pool of kv_blocks blocks, with prefix caching and preemption; token_budget=N reads
-    prompts in chunks so that at most N tokens run per step, and prefix_caching=False turns prefix reuse off)."""
+    prompts in chunks so that at most N tokens run per step, and prefix_caching=False turns prefix reuse off).
+    fmt, compiled: the course's own model in that weight format, decode steps compiled (engine_thread.fast_model)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
+    model = fast_model(model, fmt, compiled, kv_cache)
     make_batch = None
     if kv_cache == "paged":
         model, make_batch = paged_engine(model, max_batch, kv_blocks, token_budget, prefix_caching)
@@ -102,15 +105,7 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
 
     @app.get("/health")
     def health():
-        body = {"status": "ok", "active": engine.active(), "served": engine.served}
-        pool = getattr(engine.batch, "pool", None)
-        if pool is not None:  # the paged cache: how full the pool is
-            body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
-                                 "prefix_hit_rate": round(pool.hit_rate, 4), "prefix_hit_tokens": pool.hits,
-                                 "prefix_lookup_tokens": pool.lookups}
-        if getattr(engine.batch, "forked", None) is not None:  # answers that shared a prompt read (n > 1)
-            body["forked"] = engine.batch.forked
-        return body
+        return engine.health()
 
     @app.get("/v1/models")
     def models(request: Request):

@@ -388,9 +388,8 @@ if COMPILE and compile_available()[0]:
           f"step's {median_ms(static_s):.1f} eagerly; same tokens: {compiled_tokens == static_tokens}")
 else:
     print("not compiled here:", compile_available()[1] or "COMPILE is False (set it to True to wait for a compile)")
-from course_lib.runner.compiled import BATCHES, CAPACITIES
-print(f"the engine's compiled buckets: {len(BATCHES)} row counts {BATCHES} x {len(CAPACITIES)} capacities "
-      f"{CAPACITIES} (columns)")
+from course_lib.runner.compiled import CAPACITIES
+print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (columns), any number of rows")
 
 # %% [markdown]
 # Read the committed lines (or yours). The compiled step saves time between the matrix products, not in them:
@@ -407,10 +406,12 @@ print(f"the engine's compiled buckets: {len(BATCHES)} row counts {BATCHES} x {le
 #
 # The engine takes the compiled step in as a runner: `generate(..., compiled=True)` and `stream(...,
 # compiled=True)` run ours through `course_lib/runner/compiled.py`, which meets the same runner contract as the
-# model. Its caches come in a few fixed capacities and row counts (the buckets printed above), so each bucket compiles
-# once, the first time a request needs it, as a GPU engine captures one CUDA graph per batch size; the prompt, a
-# verify pass and any shape outside the buckets run the ordinary step. The paged server keeps the ordinary step
-# (its attention walks block tables whose shapes change with every batch).
+# model. Its caches come in a few fixed capacities (the buckets printed above), and its decode step is compiled
+# with the rows and the capacity left as symbols: the compiler runs once for a single row and once for a batch,
+# and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up; the server
+# here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
+# pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
+# shapes change with every batch).
 #
 # ## Summary
 #
