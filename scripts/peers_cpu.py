@@ -1,6 +1,13 @@
-"""One run of the course's engine against llama.cpp on the same GGUF file, written to data/benchmarks/.
+"""The course's engine against llama.cpp on the same GGUF file, written to data/benchmarks/.
 
-    .venv/bin/python scripts/peers_cpu.py --llama-python /tmp/llama-venv/bin/python
+    .venv/bin/python scripts/peers_cpu.py --llama-python /tmp/llama-venv/bin/python      (one run, every format)
+    .venv/bin/python scripts/peers_cpu.py paired --llama-python /tmp/llama-venv/bin/python \
+        --files Q4_1=bundled,Q4_0=/tmp/peers/SmolLM2-135M-Instruct.Q4_0.gguf --threads 1,2 --context 1024 --pairs 10
+        (the paired protocol of measure/peers_protocol.py: a fresh, pinned process per trial; takes about an hour)
+
+A Q4_0 or Q8_0 file is made from the bundled one with llama.cpp's own quantizer, in the scratch environment:
+    /tmp/llama-venv/bin/python scripts/peers_cpu.py quantize Q4_0 .course_cache/downloads/SmolLM2-135M-Instruct.Q4_1.gguf \
+        /tmp/peers/SmolLM2-135M-Instruct.Q4_0.gguf   (the source: python -m course_lib doctor says where the file is)
 
 llama.cpp comes from llama-cpp-python, which compiles for minutes: install it once in a scratch environment
 (python3 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install llama-cpp-python), never in the
@@ -29,7 +36,94 @@ def _cpu_name() -> str:
     return f"{name} (flags: {' '.join(wanted) or 'none of avx2, avx512, amx'})"
 
 
+def quantize(kind: str, source: str, out: str) -> int:
+    """llama.cpp's quantizer (llama_model_quantize, what llama-quantize calls) from a GGUF file to `kind`; runs in
+    the scratch environment that has llama-cpp-python and no torch (requantizing is allowed: the file is 4-bit)."""
+    import ctypes
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}"), True
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    return llama_cpp.llama_model_quantize(source.encode(), out.encode(), ctypes.byref(params))
+
+
+def child(argv: list[str]) -> int:
+    """A trial's process (peers_protocol.course_trial) or the compiled step's quality on a file; prints one JSON line."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("trial", "quality"))
+    parser.add_argument("--gguf", required=True)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--ids", required=True)
+    parser.add_argument("--fmt", default="int4")
+    args = parser.parse_args(argv)
+    from course_lib.measure import peers_protocol
+    ids = json.loads(Path(args.ids).read_text())
+    if args.what == "trial":
+        print(json.dumps(peers_protocol.course_trial(args.gguf, args.threads, args.context, ids, args.fmt)))
+    else:
+        print(json.dumps(peers_protocol.course_quality(args.gguf, ids["text"], args.threads, args.fmt)))
+    return 0
+
+
+def paired(argv: list[str]) -> int:
+    """The paired protocol over every file and thread count, then each file's perplexity on both sides; one record."""
+    parser = argparse.ArgumentParser(description="the paired protocol (measure/peers_protocol.py)")
+    parser.add_argument("what", choices=("paired",))
+    parser.add_argument("--llama-python", required=True, help="a Python whose environment has llama-cpp-python")
+    parser.add_argument("--files", default="Q4_1=bundled", help="NAME=PATH,... (bundled: the course's Q4_1 file)")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    args = parser.parse_args(argv)
+    import course_lib
+    from course_lib.loading import gguf_path
+    from course_lib.measure import peers_protocol
+    from course_lib.measure.peers import peer_inputs
+    _, tokenizer = course_lib.load_model(device="cpu", dtype="float32", verbose=False)
+    files = {}
+    for item in args.files.split(","):
+        name, _, path = item.partition("=")
+        files[name] = str(gguf_path() if path == "bundled" else Path(path).resolve())
+        if not Path(files[name]).exists():
+            raise SystemExit(f"no file {files[name]} (make it with: scripts/peers_cpu.py quantize {name} PATH)")
+    inputs = peer_inputs(tokenizer, args.new_tokens)
+    ids_file = Path(args.out) / ".peers-ids.json"
+    ids_file.write_text(json.dumps(inputs))
+    partial = Path(args.out) / ".peers-paired-partial.json"
+    try:
+        record = peers_protocol.sitting(files, tuple(int(t) for t in args.threads.split(",")), args.context,
+                                        args.pairs, str(ids_file), args.llama_python,
+                                        save=lambda r: partial.write_text(json.dumps(r, indent=1)))
+        script = str(ROOT / "course_lib" / "measure" / "peers_llama.py")
+        record["quality"] = {name: {
+            "course_compiled": peers_protocol.run_child([sys.executable, __file__, "quality", "--gguf", path, "--threads",
+                                                         "2", "--ids", str(ids_file), "--fmt",
+                                                         peers_protocol.course_format(name)], 2, timeout=1800),
+            "llama.cpp": peers_protocol.run_child([args.llama_python, script, "perplexity", str(ids_file), path, "2"], 2)}
+            for name, path in files.items()}
+    finally:
+        ids_file.unlink()
+    record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+                  processor=_cpu_name(), files={name: Path(path).name for name, path in files.items()},
+                  inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
+                          "perplexity_tokens": len(inputs["text"])})
+    out = Path(args.out) / f"peers-paired-cpu-{record['when'][:10]}.json"
+    out.write_text(json.dumps(record, indent=1))
+    print("\n".join(peers_protocol.describe(record)))
+    print(f"written: {out}")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in ("trial", "quality"):
+        return child(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "paired":
+        return paired(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] == "quantize":
+        return quantize(*sys.argv[2:5])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llama-python", help="a Python whose environment has llama-cpp-python")
     parser.add_argument("--threads", default="1,2", help="thread counts, comma-separated (default 1,2)")

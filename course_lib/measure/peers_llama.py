@@ -21,13 +21,14 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def open_llama(gguf_path, threads: int, n_ctx: int, logits_all: bool = False):
-    """llama.cpp's model on the GGUF file, on the CPU, quiet. Raises ImportError with the install line."""
+def open_llama(gguf_path, threads: int, n_ctx: int, logits_all: bool = False, flash: bool = False):
+    """llama.cpp's model on the GGUF file, on the CPU, quiet, flash attention off or on. Raises ImportError with
+    the install line."""
     if not llama_cpp_available():
         raise ImportError(f"llama.cpp is not installed here: {INSTALL}")
     from llama_cpp import Llama
     return Llama(model_path=str(gguf_path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                 n_batch=512, logits_all=logits_all, verbose=False, n_gpu_layers=0)
+                 n_batch=512, logits_all=logits_all, verbose=False, n_gpu_layers=0, flash_attn=flash)
 
 
 def last_logits(llm):
@@ -51,7 +52,8 @@ def llama_decode(llm, prompt_ids, n_new: int) -> dict:
         llm.eval([token])
         gaps.append(time.perf_counter() - start)
         tokens.append(token)
-    return {"tokens": tokens, "tokens_per_s": 1 / statistics.median(gaps[1:]), "eval_ms_per_token": own_timer(llm)}
+    return {"tokens": tokens, "tokens_per_s": 1 / statistics.median(gaps[1:]), "loop_tokens_per_s": len(gaps) / sum(gaps),
+            "eval_ms_per_token": own_timer(llm)}
 
 
 def own_timer(llm, reset: bool = False):
@@ -106,7 +108,34 @@ def llama_path(gguf_path, threads: int, prompt_ids, long_ids, text_ids, n_new: i
     return out
 
 
-if __name__ == "__main__":
+def library() -> dict:
+    """Which llama.cpp ran: llama-cpp-python's version, its library's sha256 and what llama.cpp says it was built with."""
+    import hashlib
+    from pathlib import Path
+    import llama_cpp
+    lib = Path(llama_cpp.__file__).parent / "lib" / "libllama.so"
+    return {"llama_cpp_python": llama_cpp.__version__,
+            "library_sha256": hashlib.sha256(lib.read_bytes()).hexdigest() if lib.exists() else None,
+            "system_info": llama_cpp.llama_print_system_info().decode().strip()}
+
+
+def decode_trial(gguf_path, threads: int, n_ctx: int, flash: bool, prompt_ids, n_new: int) -> dict:
+    """One trial of the paired protocol (measure.peers_protocol): a fresh context of n_ctx tokens, a warm-up of 4
+    tokens, then n_new greedy tokens after the prompt, the whole loop timed with its argmax."""
+    llm = open_llama(gguf_path, threads, n_ctx=n_ctx, flash=flash)
+    llama_decode(llm, prompt_ids, 4)  # warm-up
+    return {**llama_decode(llm, prompt_ids, n_new), "flash": flash, "n_ctx": n_ctx, **library()}
+
+
+if __name__ == "__main__" and sys.argv[1] == "decode":  # decode IDS GGUF THREADS N_CTX FLASH(0/1)
+    ids = json.load(open(sys.argv[2]))
+    print(json.dumps(decode_trial(sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "1", ids["prompt"],
+                                  ids["n_new"])))
+elif __name__ == "__main__" and sys.argv[1] == "perplexity":  # perplexity IDS GGUF THREADS
+    ids = json.load(open(sys.argv[2]))
+    llm = open_llama(sys.argv[3], int(sys.argv[4]), n_ctx=len(ids["text"]) + 8, logits_all=True)
+    print(json.dumps({"perplexity": llama_perplexity(llm, ids["text"]), **library()}))
+elif __name__ == "__main__":
     ids = json.load(open(sys.argv[1]))
     result = llama_path(sys.argv[2], int(sys.argv[3]), ids["prompt"], ids["long"], ids["text"], ids["n_new"])
     import llama_cpp

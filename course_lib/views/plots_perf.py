@@ -384,3 +384,23 @@ def plot_step_parts(record: dict, ax=None, title: str = "Where a decode step's m
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_title(title)
     return ax
+
+
+def plot_paired_ratios(record: dict, ax=None, title: str = "The course's decode over llama.cpp's, pair by pair"):
+    """From a paired peers record (measure.peers_protocol): per (file, threads) cell, each pair's ratio as a dot, the
+    median as a bar with its bootstrap 95% interval, and the line at 1 (above it the course is faster)."""
+    cells = record["cells"]
+    ax = axes_or_new(ax, (9, 0.55 * len(cells) + 1.6))
+    for i, cell in enumerate(cells):
+        r = cell["paired_ratio"]
+        ax.scatter(r["ratios"], [i] * len(r["ratios"]), color=PALETTE[0], alpha=0.5, s=14,
+                   label="one pair" if i == 0 else None)
+        ax.plot(r["ci95"], [i, i], color="black", linewidth=3, label="95% interval of the median" if i == 0 else None)
+        ax.plot([r["median"]] * 2, [i - 0.3, i + 0.3], color=PALETTE[3], linewidth=2, label="median" if i == 0 else None)
+    ax.axvline(1.0, color="gray", linestyle="--")
+    ax.set_yticks(range(len(cells)), [f"{c['file']}, {c['threads']} thread(s), vs {c['llama_counted']}" for c in cells])
+    ax.invert_yaxis()
+    ax.set_xlabel("course tokens/s / llama.cpp tokens/s, same pair (above 1: the course is faster)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title)
+    return ax

@@ -419,6 +419,45 @@ else:
 # distance each keeps above the floor, and where in the course's bar that distance sits: in the products
 # (a kernel reading its blocks below the streaming rate), or in the rest (work between the products).
 #
+# ### A protocol that cannot flatter either side
+#
+# One sitting per side is a weak verdict: on a shared 2-core machine llama.cpp's own rate moved by a third
+# between sittings, so a ratio read from one pair of runs says as much about the hour as about the engines.
+# The record below comes from `scripts/peers_cpu.py paired`: every trial is a fresh process for one engine,
+# pinned to its cores, on one GGUF file and one thread count; the course's compiled step holds as many
+# columns as llama.cpp's context (both sized for a long conversation, though this one is short); llama.cpp
+# runs with flash attention off and on, and the faster of the two is the one counted; the three trials of
+# a pair run in an order that turns each pair, so a machine that slows down for a minute slows both sides.
+# Each pair gives one ratio; the median of the ratios comes with a bootstrap interval (resample the pairs,
+# take the median again, keep the middle 95% of those medians) and the range. The files are the course's
+# Q4_1, a Q4_0 that llama.cpp's own quantizer made from it (the layout llama.cpp repacks for its fastest
+# CPU kernels) and a Q8_0; the course reads each through transformers' GGUF reader and runs its own int4
+# (or int8) format, and its perplexity is measured through the compiled step itself, one token at a time.
+
+# %%
+from course_lib.measure import peers_protocol
+
+paired_records = sorted(Path("../data/benchmarks").glob("peers-paired-cpu-*.json"))
+if paired_records:
+    paired_record = json.loads(paired_records[-1].read_text())
+    print(f"committed run {paired_records[-1].name}, CPU: {paired_record['processor']}")
+    print("\n".join(peers_protocol.describe(paired_record)))
+    plots_perf.plot_paired_ratios(paired_record)
+    plt.show()
+else:
+    print("no paired record committed: run scripts/peers_cpu.py paired (it needs llama-cpp-python in a scratch "
+          "environment; about an hour on an idle machine)")
+
+# %% [markdown]
+# Read the interval before the median. When the whole interval sits on one side of the dashed line, that
+# sitting settles which engine decoded faster on that machine, that file and that thread count, and nothing
+# wider: not another CPU (the record names the one it ran on and what llama.cpp was built for), not another
+# context, not a server's many rows. When the interval straddles the line, the sitting settles nothing. The
+# spread of the dots is the machine's noise within one hour; how far the next sitting's median lands from
+# this one is the noise between hours, which no single record shows. The perplexity lines say whether the
+# two engines computed the same model: the course's, through its compiled step, and llama.cpp's, on the same
+# text and file.
+#
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
 # whose scales are themselves quantized, and the fragile tensors kept in more bits, the idea section 5's

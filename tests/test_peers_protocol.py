@@ -1,0 +1,100 @@
+"""The paired protocol against llama.cpp (measure/peers_protocol.py): its statistics, its order of trials, its
+record of the machine, and a sitting driven by stand-in trials (llama.cpp itself is a scratch install, never CI's)."""
+import json
+import sys
+
+import pytest
+
+from course_lib.measure import peers_protocol as pp
+
+
+def test_paired_summary_reads_each_pair_and_bounds_the_median():
+    out = pp.paired_summary([60.0, 66.0, 50.0, 70.0], [100.0, 110.0, 100.0, 70.0])
+    assert out["ratios"] == pytest.approx([0.6, 0.6, 0.5, 1.0])
+    assert out["median"] == pytest.approx(0.6) and out["min"] == 0.5 and out["max"] == 1.0 and out["pairs"] == 4
+    lo, hi = out["ci95"]
+    assert 0.5 <= lo <= out["median"] <= hi <= 1.0
+
+
+def test_paired_summary_refuses_unpaired_figures():
+    with pytest.raises(ValueError, match="same positive number"):
+        pp.paired_summary([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="same positive number"):
+        pp.paired_summary([], [])
+
+
+def test_bootstrap_interval_is_seeded_and_collapses_on_equal_values():
+    assert pp.bootstrap_median_ci([0.8] * 10) == (0.8, 0.8)
+    values = [0.5, 0.7, 0.9, 1.1, 0.6, 0.8]
+    assert pp.bootstrap_median_ci(values, seed=3) == pp.bootstrap_median_ci(values, seed=3)
+    lo, hi = pp.bootstrap_median_ci(values, resamples=2000)
+    assert min(values) <= lo < hi <= max(values)
+
+
+def test_each_side_goes_first_in_turn():
+    sides = ("course", "llama", "llama flash")
+    orders = [pp.pair_order(i, sides) for i in range(3)]
+    assert [order[0] for order in orders] == list(sides)
+    assert all(sorted(order) == sorted(sides) for order in orders)
+
+
+def test_steal_fraction_from_two_readings():
+    before = {"ticks": {"user": 100, "idle": 100, "steal": 0}}
+    after = {"ticks": {"user": 180, "idle": 100, "steal": 20}}
+    assert pp.steal_fraction(before, after) == pytest.approx(0.2)
+    assert pp.steal_fraction({}, after) is None
+
+
+def test_machine_state_reads_linux():
+    state = pp.machine_state()
+    if sys.platform != "linux":
+        pytest.skip("reads /proc")
+    assert len(state["loadavg"]) == 3 and "steal" in state["ticks"] and state["time"] > 0
+
+
+def test_cores_pins_the_first_ones_and_refuses_too_many():
+    assert len(pp.cores(1).split(",")) == 1
+    with pytest.raises(ValueError, match="threads must be"):
+        pp.cores(0)
+    with pytest.raises(ValueError, match="threads must be"):
+        pp.cores(10_000)
+
+
+def test_trial_commands_match_the_file_format():
+    assert pp.course_format("Q8_0") == "int8" and pp.course_format("Q4_0") == "int4"
+    commands = pp.trial_commands("m.gguf", 2, 1024, "ids.json", "/py", fmt="int8")
+    assert commands["course int8 compiled"][-2:] == ["--fmt", "int8"]
+    assert commands["llama.cpp"][-4:] == ["m.gguf", "2", "1024", "0"] and commands["llama.cpp flash"][-1] == "1"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="taskset is Linux's")
+def test_run_child_pins_a_fresh_process_and_says_why_it_failed():
+    out = pp.run_child([sys.executable, "-c", "import json, os; print('noise'); print(json.dumps(sorted(os.sched_getaffinity(0))))"], 1)
+    assert len(out) == 1
+    with pytest.raises(RuntimeError, match="boom"):
+        pp.run_child([sys.executable, "-c", "raise SystemExit('boom')"], 1)
+
+
+def test_a_sitting_pairs_the_trials_and_counts_the_faster_llama():
+    calls = []
+
+    def run(command, threads):
+        side = ("course" if "trial" in command else "flash" if command[-1] == "1" else "plain")
+        calls.append(side)
+        rate = {"course": 60.0, "plain": 80.0, "flash": 100.0}[side] + len(calls) % 3
+        return {"tokens": [1, 2, 3], "tokens_per_s": rate, "loop_tokens_per_s": rate, "compile_s": 1.0}
+
+    saved = []
+    record = pp.sitting({"Q4_1": "a.gguf", "Q8_0": "b.gguf"}, threads=(1,), pairs=4, ids_file="ids.json", run=run,
+                        progress=lambda line: None, save=lambda r: saved.append(len(r["cells"])))
+    assert saved == [1, 2] and len(calls) == 2 * 4 * 3
+    assert calls[:3] == ["course", "plain", "flash"] and calls[3:6] == ["plain", "flash", "course"]
+    cell = record["cells"][0]
+    assert cell["llama_counted"] == "llama.cpp flash" and set(cell["rates"]) == {
+        "course int4 compiled", "llama.cpp", "llama.cpp flash"}
+    assert 0.55 < cell["paired_ratio"]["median"] < 0.65 and cell["paired_ratio"]["pairs"] == 4
+    assert all(cell["same_tokens"]) and "course int8 compiled" in record["cells"][1]["rates"]
+    record["quality"] = {"Q4_1": {"course_compiled": {"perplexity": 18.2, "kl_to_float32": 0.01, "tokens": 1024},
+                                  "llama.cpp": {"perplexity": 18.0}}}
+    text = "\n".join(pp.describe(json.loads(json.dumps(record))))
+    assert "Q4_1 1 thread(s)" in text and "llama.cpp flash" in text and "+1.1%" in text
