@@ -429,7 +429,7 @@ else:
 # runs with flash attention off and on, and the faster of the two is the one counted; the three trials of
 # a pair run in an order that turns each pair, so a machine that slows down for a minute slows both sides.
 # Each pair gives one ratio; the median of the ratios comes with a bootstrap interval (resample the pairs,
-# take the median again, keep the middle 95% of those medians) and the range. The files are the course's
+# take the median again, many times; the interval holds all but the outermost of those medians) and the range. The files are the course's
 # Q4_1, a Q4_0 that llama.cpp's own quantizer made from it (the layout llama.cpp repacks for its fastest
 # CPU kernels) and a Q8_0; the course reads each through transformers' GGUF reader and runs its own int4
 # (or int8) format, and its perplexity is measured through the compiled step itself, one token at a time.
