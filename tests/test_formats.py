@@ -32,6 +32,21 @@ def test_int8_quantization_round_trip():
     assert (q.float() * scale[:, None] - w).abs().max() <= scale.max() / 2 + 1e-6  # half a step at most
 
 
+def test_int4_keeps_the_grid_of_weights_that_are_already_4_bit():
+    """A Q4_0 file's blocks are d * (k - 8) and seldom use both ends of -8..7: the min/max rule would round them
+    again (its step is the span over 15); the quantizer keeps their own step, so they come back exactly."""
+    g = torch.Generator().manual_seed(0)
+    d = (torch.rand(64, 6, 1, generator=g) * 0.01 + 0.001).half().float()  # (N, K/32, 1): fp16 scales, as a file
+    k = torch.randint(0, 16, (64, 6, 32), generator=g)
+    k[::2] = k[::2].clamp(max=11)  # half the rows never reach the top of the range
+    w = (d * (k - 8)).reshape(64, 192)
+    assert torch.equal(formats.dequantize_int4(*formats.quantize_int4(w)), w)
+    noise = torch.randn(64, 192, generator=g)  # weights on no grid: the min/max rule, half a step at most
+    q, scale, low = formats.quantize_int4(noise)
+    assert torch.equal(scale, (noise.reshape(64, 6, 32).amax(-1) - low) / 15)
+    assert ((formats.dequantize_int4(q, scale, low) - noise).abs() <= scale.repeat_interleave(32, 1) / 2 + 1e-6).all()
+
+
 @pytest.mark.parametrize("kind, dtype, tol", [("int8", torch.bfloat16, 0.01), ("int8-cast", torch.float32, 1e-5),
                                               ("int4", torch.bfloat16, 0.01), ("int4", torch.float32, 1e-5)])
 def test_each_kernel_multiplies_like_its_dequantized_weights(kind, dtype, tol):

@@ -71,15 +71,31 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric 4-bit per group of `group` weights along K: w ~ q * scale + minimum, q in 0..15.
-    w (N, K) -> (q int32 (N, K), scale (N, K/group), minimum (N, K/group)). This is Q4_1's rule."""
+    w (N, K) -> (q int32 (N, K), scale (N, K/group), minimum (N, K/group)). This is Q4_1's rule, with one
+    addition: a block whose weights already sit on a grid of at most 16 levels (a Q4_0 file's blocks, d * (k - 8),
+    seldom use both ends of -8..7) keeps that grid's step, so loading a 4-bit file does not round it a second time."""
     N, K = w.shape
     if K % group:
         raise ValueError(f"the input size {K} is not a multiple of the group size {group}")
     blocks = w.float().reshape(N, K // group, group)  # (N, K/G, G)
     low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)  # (N, K/G)
-    scale = ((high - low) / 15).clamp(min=1e-12)
+    scale = ((high - low) / grid_steps(blocks, low, high)).clamp(min=1e-12)
     q = torch.round((blocks - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
     return q.reshape(N, K), scale, low
+
+
+def grid_steps(blocks: torch.Tensor, low: torch.Tensor, high: torch.Tensor, tolerance: float = 1e-3) -> torch.Tensor:
+    """Per block, how many grid steps span low..high: the span over the smallest gap between its sorted values when
+    every value lies on that grid (within `tolerance` of a step) and it has at most 15 steps, else 15 (the min/max
+    rule). blocks (N, K/G, G), low and high (N, K/G) -> (N, K/G) float."""
+    ordered = blocks.sort(dim=-1).values
+    gaps = ordered.diff(dim=-1)  # (N, K/G, G-1)
+    span = high - low
+    gaps = torch.where(gaps > span[..., None] * 1e-4, gaps, torch.full_like(gaps, float("inf")))
+    steps = torch.round(span / gaps.amin(dim=-1)).clamp(min=1)  # (N, K/G); inf gap (a flat block) -> 1
+    offsets = (blocks - low[..., None]) / (span / steps).clamp(min=1e-30)[..., None]
+    on_grid = ((offsets - offsets.round()).abs().amax(dim=-1) < tolerance) & (steps <= 15)
+    return torch.where(on_grid, steps, torch.full_like(steps, 15.0))
 
 
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:

@@ -429,10 +429,13 @@ else:
 # runs with flash attention off and on, and the faster of the two is the one counted; the three trials of
 # a pair run in an order that turns each pair, so a machine that slows down for a minute slows both sides.
 # Each pair gives one ratio; the median of the ratios comes with a bootstrap interval (resample the pairs,
-# take the median again, many times; the interval holds all but the outermost of those medians) and the range. The files are the course's
-# Q4_1, a Q4_0 that llama.cpp's own quantizer made from it (the layout llama.cpp repacks for its fastest
-# CPU kernels) and a Q8_0; the course reads each through transformers' GGUF reader and runs its own int4
-# (or int8) format, and its perplexity is measured through the compiled step itself, one token at a time.
+# take the median again, many times; the interval holds all but the outermost of those medians) and the
+# range. The files are the course's Q4_1, a Q4_0 that llama.cpp's own quantizer made from it (the layout
+# llama.cpp repacks for its fastest CPU kernels) and a Q8_0. The course reads each through transformers'
+# GGUF reader and runs its own format: int4 keeps each block's own grid, so the blocks of Q4_1 and Q4_0
+# come through without a second rounding (only their scales are stored in bfloat16); int8 has one scale
+# per row, so Q8_0's blocks of 32 are rounded again. Its perplexity is measured through the compiled step
+# itself, one token at a time.
 
 # %%
 from course_lib.measure import peers_protocol
