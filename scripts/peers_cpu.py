@@ -77,6 +77,8 @@ def paired(argv: list[str]) -> int:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    parser.add_argument("--no-quality", action="store_true", help="skip the perplexities (they do not depend on "
+                        "the context: a second sitting at another context can leave them to the first)")
     args = parser.parse_args(argv)
     import course_lib
     from course_lib.loading import gguf_path
@@ -98,7 +100,7 @@ def paired(argv: list[str]) -> int:
                                         args.pairs, str(ids_file), args.llama_python,
                                         save=lambda r: partial.write_text(json.dumps(r, indent=1)))
         script = str(ROOT / "course_lib" / "measure" / "peers_llama.py")
-        record["quality"] = {name: {
+        record["quality"] = {} if args.no_quality else {name: {
             "course_compiled": peers_protocol.run_child([sys.executable, __file__, "quality", "--gguf", path, "--threads",
                                                          "2", "--ids", str(ids_file), "--fmt",
                                                          peers_protocol.course_format(name)], 2, timeout=1800),
@@ -110,7 +112,8 @@ def paired(argv: list[str]) -> int:
                   processor=_cpu_name(), files={name: Path(path).name for name, path in files.items()},
                   inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
                           "perplexity_tokens": len(inputs["text"])})
-    out = Path(args.out) / f"peers-paired-cpu-{record['when'][:10]}.json"
+    tag = "" if args.context == 1024 else f"-context{args.context}"  # the lesson reads the 1,024 record by its name
+    out = Path(args.out) / f"peers-paired-cpu-{record['when'][:10]}{tag}.json"
     out.write_text(json.dumps(record, indent=1))
     print("\n".join(peers_protocol.describe(record)))
     print(f"written: {out}")
