@@ -5,7 +5,7 @@ import torch
 
 from course_lib.runner.forward import run_model
 from course_lib.runner.model import Model
-from course_lib.runner.static_step import StaticStep, compile_available
+from course_lib.runner.static_step import StaticStep, compile_available, span_of
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,23 @@ def test_static_step_equals_the_models_decode_step(small, tokenizer):
     # a second prompt reuses the cache from the start: the old columns are hidden by the mask, not cleared
     tokens_again, _ = static_run(step, prompt, 12)
     assert tokens_again == want_tokens
+
+
+def test_a_step_reads_only_its_span_of_a_large_cache(small, tokenizer):
+    """A cache sized for a long conversation: the step reads the written columns rounded up (span_of), not the
+    capacity. Columns past the span are filled with NaN: a step that read them would give NaN logits (a masked
+    column's weight is zero, and zero times NaN is NaN)."""
+    assert [span_of(c, 2048) for c in (0, 255, 256, 600, 1500)] == [256, 256, 512, 1024, 2048]
+    assert span_of(900, 1000) == 1000
+    prompt = tokenizer.encode("A short chat in a long cache")
+    want_tokens, want = reference(small, prompt, 8)
+    step = StaticStep(small, capacity=1024)
+    for layer in range(len(small.layers)):
+        step.cache.keys[layer][:, :, 256:] = float("nan")
+        step.cache.values[layer][:, :, 256:] = float("nan")
+    tokens, got = static_run(step, prompt, 8)
+    assert tokens == want_tokens
+    assert max(float((a - b).abs().max()) for a, b in zip(got, want)) < 1e-4
 
 
 def test_the_edges_get_clear_errors(small, tokenizer):

@@ -25,6 +25,7 @@ import time
 import weakref
 
 import torch
+from torch.fx.experimental import _config as fx_config
 
 from ..runtime import synchronize
 from .kv_cache import KVCache
@@ -107,7 +108,7 @@ class CompiledRunner:
                     StaticDecode.allow_recompiles()
                     self.compiled_code[threads] = torch.compile(StaticDecode._decode, dynamic=True,
                                                                 options=COMPILE_OPTIONS)
-                step._step, step.compiled = functools.partial(self.compiled_code[threads], step), True
+                step._step, step.compiled = functools.partial(_unducked, self.compiled_code[threads], step), True
             self.steps[key] = step
         return self.steps[key]
 
@@ -154,6 +155,14 @@ class CompiledRunner:
         self.static_calls += 1
         logits = self.step_for(B, capacity)(input_ids, cache, positions, key_mask)  # (B, 1, V)
         return Output(logits, cache)
+
+
+def _unducked(code, step, *args):
+    """Call the runner's compiled code without duck shaping. subtle: by default torch gives sizes that are equal
+    when it first traces one symbol, so a first step whose span (columns read) equalled its capacity would compile
+    again at the first step that reads fewer columns than its cache holds, in the middle of a server's traffic."""
+    with fx_config.patch(use_duck_shape=False):
+        return code(step, *args)
 
 
 _runners: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -4,7 +4,9 @@ issue: the compiled step).
 What it does: `StaticDecode` runs the course's own model (any weight format) one token per row for B rows, with
 nothing that depends on how long the context is: the cache is preallocated at a fixed capacity, the column and the
 positions arrive as tensors, the new keys and values are written at that column with `index_copy_`, and attention
-reads every column of the cache with a mask that hides the ones not written yet (and each row's padding).
+reads the cache's first `span` columns (`span_of`: the written ones rounded up to 256, 512, 1,024... columns, as
+llama.cpp rounds its view of the cache up to 256 cells) with a mask that hides the ones not written yet (and each
+row's padding), so a cache sized for a long conversation costs a short one nothing.
 `StaticStep` is one row with its own cache: the prompt goes through the model's ordinary prefill
 (`forward.run_model`) into it, then each token through a StaticDecode. `compile=True` hands the step to `torch.compile`,
 which needs a C++ compiler on the CPU (`compile_available` says whether there is one) and takes tens of seconds
@@ -32,6 +34,17 @@ def compile_available() -> tuple[bool, str]:
 
 
 COMPILE_OPTIONS = {"freezing": True, "cpp_wrapper": True}  # what torch.compile is given (see StaticStep)
+READ_STEP = 256  # attention reads the cache in 256, 512, 1,024... columns (span_of)
+
+
+def span_of(column: int, capacity: int) -> int:
+    """How many of the cache's columns a step at `column` reads: the written ones (column + 1) rounded up to
+    READ_STEP times a power of two, at most the capacity. Few distinct spans, so a step compiled with static shapes
+    compiles once per span it meets (one for a conversation under 256 tokens). Example: (30, 1024) -> 256"""
+    span = READ_STEP
+    while span < column + 1:
+        span *= 2
+    return min(span, capacity)
 
 
 class StaticDecode:
@@ -91,7 +104,8 @@ class StaticDecode:
         synchronize(device)
         start = time.perf_counter()
         with torch.no_grad():
-            out = self._step(tokens, column_t, positions, key_mask, cache.keys, cache.values)
+            out = self._step(tokens, column_t, positions, key_mask, cache.keys, cache.values,
+                             span_of(column, self.capacity))
             # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
             logits = head(self.model, out) if self.head_apart else out
         if self.compiled and self.compile_seconds == 0.0:  # (a runner's shared code: only its first call compiles)
@@ -101,15 +115,16 @@ class StaticDecode:
         return logits
 
     def _decode(self, tokens: torch.Tensor, column: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor,
-                keys: list, values: list) -> torch.Tensor:
-        """tokens (B, 1), column (1,), positions (B,), key_mask (B, capacity) -> logits (B, 1, V) (or the last block's
-        output (B, 1, hidden) when the head runs apart, after the compiled step). The model's own blocks, with a cache
-        that writes at the column tensor and hands attention every column, and a mask over the columns written so
-        far that hold each row's tokens: no shape depends on the position."""
+                keys: list, values: list, span: int) -> torch.Tensor:
+        """tokens (B, 1), column (1,), positions (B,), key_mask (B, capacity), span (columns read, span_of) -> logits
+        (B, 1, V) (or the last block's output (B, 1, hidden) when the head runs apart, after the compiled step). The
+        model's own blocks, with a cache that writes at the column tensor and hands attention its first `span`
+        columns, and a mask over the columns written so far that hold each row's tokens: no shape depends on the
+        position, only on the span (a symbol where the code is compiled with dynamic shapes)."""
         model = self.model
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # (B, 1, 1, D)
-        seen = ((self.columns <= column)[None] & key_mask)[:, None, None]  # (B, 1, 1, capacity)
-        cache = _Columns(keys, values)
+        seen = ((self.columns[:span] <= column)[None] & key_mask[:, :span])[:, None, None]  # (B, 1, 1, span)
+        cache = _Columns(keys, values, span)
         x = embed(model, tokens)  # (B, 1, hidden)
         for index in range(len(model.layers)):
             x = block(model, index, x, cos, sin, cache, column, seen)
@@ -159,13 +174,13 @@ class StaticStep:
 
 class _Columns:
     """The cache as the static step's blocks see it: `write` puts this token's key and value at the column the
-    column tensor names (index_copy_) and returns every column of the layer, written or not (the mask hides the
-    rest)."""
+    column tensor names (index_copy_) and returns the layer's first `span` columns, written or not (the mask hides
+    the rest)."""
 
-    def __init__(self, keys: list, values: list):
-        self.keys, self.values = keys, values
+    def __init__(self, keys: list, values: list, span: int):
+        self.keys, self.values, self.span = keys, values, span
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, column: torch.Tensor):
         self.keys[layer].index_copy_(2, column, k)  # (B, KV, capacity, D): this token's column
         self.values[layer].index_copy_(2, column, v)
-        return self.keys[layer], self.values[layer]
+        return self.keys[layer][:, :, :self.span], self.values[layer][:, :, :self.span]  # (B, KV, span, D)
