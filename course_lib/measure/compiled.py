@@ -62,7 +62,7 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
     step compiled (its first step, which compiles, left out and reported as compile_s), for float32 and, on the
     CPU, the int4 format. compile=False (or no C++ compiler) measures the first two only and says why. Tokens are
     compared with the engine's greedy ones: in bfloat16 (the int4 format's activations) the static step's attention
-    over the whole masked cache adds in another order than the engine's over the written columns, so a near-tie
+    over its masked span of the cache adds in another order than the engine's over the written columns, so a near-tie
     can flip (first_difference says where)."""
     from ..runner.formats import convert
     formats = {"float32": ours}
@@ -70,7 +70,8 @@ def compiled_comparison(ours, tokenizer, prompt: list[int], n: int, compile: boo
         formats["int4"] = convert(ours, "int4")
     capacity = len(prompt) + n + 1
     can, why = compile_available()
-    result = {"what": f"one row's decode step at static shapes (a {capacity}-column cache read whole, with a mask; "
+    result = {"what": f"one row's decode step at static shapes (a {capacity}-column cache read up to its span, "
+                      "with a mask; "
                       "the position as a tensor), torch.compile(dynamic=False, freezing, cpp_wrapper) on "
                       f"{ours.device.type}; "
                       "compile_s is the first call's (torch keeps compiled code in an on-disk cache, so a repeat "

@@ -330,10 +330,15 @@ print(f"faster here: {fast_name} ({fast[1]:.2f} against {slow[1]:.2f} us), with 
 #
 # Every step of ours reads a slice of the cache one column longer than the step before. For `torch.compile`,
 # which traces a function for the shapes it sees, that is a new shape at every token. `course_lib/runner/static_step.py`
-# writes the same decode step with nothing that depends on the context: the cache allocated once at a fixed
-# capacity and read whole, a mask that hides the columns not written yet, the position given as a tensor, and
-# the new key and value written at that position with `index_copy_` (gpt-fast does the same on a GPU, where the
-# fixed shapes also let a CUDA graph replay the whole step). Run eagerly, it is the same arithmetic plus the
+# writes the same decode step with nothing that depends on the exact context: the cache allocated once at a
+# fixed capacity, a mask that hides the columns not written yet, the position given as a tensor, and the new
+# key and value written at that position with `index_copy_` (gpt-fast does the same on a GPU, where the fixed
+# shapes also let a CUDA graph replay the whole step). Attention reads a span of the cache: the written
+# columns rounded up to 256, or twice that, or four times and so on (`span_of`), never more than the capacity.
+# So the step's shape changes a handful of times in a long conversation, not at every token, and a cache sized
+# for a long conversation makes a short one read no more (llama.cpp rounds its view of the cache up to 256
+# cells for the same reason). Here the capacity is below the first span, so the whole cache is read. Run
+# eagerly, it is the same arithmetic plus the
 # masked columns:
 
 # %%
@@ -400,15 +405,15 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # but a gap of a few percent between the two speed-ups is within what a busy machine moves between runs: read
 # them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
 # In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4
-# format's activations) it need not: its attention adds up a masked cache of fixed size, ours the written columns only, and rounding in a
-# different order can flip a near-tie (the line says at which token). Where no C++ compiler is at hand, ours
+# format's activations) it need not: its attention adds up a masked span of the cache, ours the written
+# columns only, and rounding in a different order can flip a near-tie (the line says at which token). Where no C++ compiler is at hand, ours
 # is what runs.
 #
 # The engine takes the compiled step in as a runner: `generate(..., compiled=True)` and `stream(...,
 # compiled=True)` run ours through `course_lib/runner/compiled.py`, which meets the same runner contract as the
 # model. Its caches come in a few fixed capacities (the buckets printed above), and its decode step is compiled
-# with the rows and the capacity left as symbols: the compiler runs once for a single row and once for a batch,
-# and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up; the server
+# with the rows, the capacity and the span left as symbols: the compiler runs once for a single row and once for
+# a batch, and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up; the server
 # here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
 # pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
 # shapes change with every batch).
@@ -425,7 +430,7 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 #   what the rest costs; the rest grows with calls from Python, not with the profiler's count). The same bytes stored in the order this machine's
 #   kernel streams best (by columns for some matrices here) read faster: that, not Python overhead, is
 #   what separates the two at short context. A long context is where the cache's design shows.
-# - A step with static shapes (a fixed cache read whole, with a mask) can be compiled once: `torch.compile`
+# - A step with static shapes (a fixed cache read in a few spans, with a mask) can be compiled once: `torch.compile`
 #   fuses the small operators between the matrix products. Section 10 printed what it saved per step on the
 #   course's machine, and what the compile cost in seconds.
 #

@@ -425,7 +425,9 @@ else:
 # between sittings, so a ratio read from one pair of runs says as much about the hour as about the engines.
 # The record below comes from `scripts/peers_cpu.py paired`: every trial is a fresh process for one engine,
 # pinned to its cores, on one GGUF file and one thread count; the course's compiled step holds as many
-# columns as llama.cpp's context (both sized for a long conversation, though this one is short); llama.cpp
+# columns as llama.cpp's context (both sized for a long conversation, though this one is short), and each
+# reads only the columns written so far, rounded up (llama.cpp to a multiple of 256 cells, the course to
+# its spans, lesson 11); llama.cpp
 # runs with flash attention off and on, and the faster of the two is the one counted; the three trials of
 # a pair run in an order that turns each pair, so a machine that slows down for a minute slows both sides.
 # Each pair gives one ratio; the median of the ratios comes with a bootstrap interval (resample the pairs,
@@ -440,11 +442,14 @@ else:
 # %%
 from course_lib.measure import peers_protocol
 
-paired_records = sorted(Path("../data/benchmarks").glob("peers-paired-cpu-*.json"))
+paired_records = sorted(Path("../data/benchmarks").glob("peers-paired-cpu-????-??-??.json"))  # a 1,024 context
 if paired_records:
     paired_record = json.loads(paired_records[-1].read_text())
     print(f"committed run {paired_records[-1].name}, CPU: {paired_record['processor']}")
     print("\n".join(peers_protocol.describe(paired_record)))
+    for other in sorted(paired_records[-1].parent.glob(paired_records[-1].stem + "-context*.json")):
+        print(f"\nthe same day, both caches sized for another context: {other.name}")
+        print("\n".join(peers_protocol.describe(json.loads(other.read_text()))))
     plots_perf.plot_paired_ratios(paired_record)
     plt.show()
 else:
@@ -459,7 +464,9 @@ else:
 # spread of the dots is the machine's noise within one hour; how far the next sitting's median lands from
 # this one is the noise between hours, which no single record shows. The perplexity lines say whether the
 # two engines computed the same model: the course's, through its compiled step, and llama.cpp's, on the same
-# text and file.
+# text and file. The second block, where the day has one, holds the same race with both caches sized for a
+# longer context: if the course's rate barely moves between the two, its step reads what was written, not
+# what was reserved.
 #
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
