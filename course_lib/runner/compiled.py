@@ -14,9 +14,9 @@ in a bucket. Everything else (a prompt, several tokens at once, another runner's
 Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
 and `why_eager` says why (printed once).
 What it does not do: change the numbers in float32 beyond rounding order (the step attends over its span of the
-bucket with a mask, static_step.span_of: the tokens equal the eager path's on the running examples); in bfloat16 (the int4 format's
-activations) a near-tie between two tokens can flip, and the engine's tests say where. It does not page: a paged
-cache runs its decode eagerly through the block tables.
+bucket with a mask, static_step.span_of: the tokens equal the eager path's on the running examples); in bfloat16
+(the int4 format's activations) a near-tie between two tokens can flip, and the engine's tests say where. It does
+not page: a paged cache runs its decode eagerly through the block tables.
 """
 from __future__ import annotations
 

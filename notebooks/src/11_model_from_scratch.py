@@ -406,15 +406,15 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
 # In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4
 # format's activations) it need not: its attention adds up a masked span of the cache, ours the written
-# columns only, and rounding in a different order can flip a near-tie (the line says at which token). Where no C++ compiler is at hand, ours
-# is what runs.
+# columns only, and rounding in a different order can flip a near-tie (the line says at which token). Where
+# no C++ compiler is at hand, ours is what runs.
 #
 # The engine takes the compiled step in as a runner: `generate(..., compiled=True)` and `stream(...,
 # compiled=True)` run ours through `course_lib/runner/compiled.py`, which meets the same runner contract as the
 # model. Its caches come in a few fixed capacities (the buckets printed above), and its decode step is compiled
 # with the rows, the capacity and the span left as symbols: the compiler runs once for a single row and once for
-# a batch, and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up; the server
-# here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
+# a batch, and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up;
+# the server here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
 # pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
 # shapes change with every batch).
 #
