@@ -4,6 +4,9 @@
     .venv/bin/python scripts/peers_cpu.py paired --llama-python /tmp/llama-venv/bin/python \
         --files Q4_1=bundled,Q4_0=/tmp/peers/SmolLM2-135M-Instruct.Q4_0.gguf --threads 1,2 --context 1024 --pairs 10
         (the paired protocol of measure/peers_protocol.py: a fresh, pinned process per trial; takes about an hour)
+    .venv/bin/python scripts/peers_cpu.py llama-bench --binary PATH/llama-bench --files Q4_1=bundled,Q4_0=PATH
+        (llama.cpp's own benchmark beside it; build llama-bench as scripts/serving_peers_cpu.py builds llama-server,
+        with --target llama-bench)
 
 A Q4_0 or Q8_0 file is made from the bundled one with llama.cpp's own quantizer, in the scratch environment:
     /tmp/llama-venv/bin/python scripts/peers_cpu.py quantize Q4_0 .course_cache/downloads/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -120,7 +123,41 @@ def paired(argv: list[str]) -> int:
     return 0
 
 
+def llama_bench(argv: list[str]) -> int:
+    """llama.cpp's own benchmark beside the paired record: llama-bench (built from the same source, scratch folder)
+    on each file, generation only, 1 and 2 threads, flash attention off and on, at depth 0 and 1,024 (-d), ten
+    repetitions; its JSON rows kept whole in data/benchmarks/llama-bench-cpu-DATE.json."""
+    import subprocess
+    parser = argparse.ArgumentParser(description="llama-bench beside the paired record")
+    parser.add_argument("what", choices=("llama-bench",))
+    parser.add_argument("--binary", required=True, help="llama-bench, built with cmake from the sdist's llama.cpp")
+    parser.add_argument("--files", default="Q4_1=bundled", help="NAME=PATH,... (bundled: the course's Q4_1 file)")
+    parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    args = parser.parse_args(argv)
+    from course_lib.loading import gguf_path
+    flags = ["-t", "1,2", "-p", "0", "-n", "128", "-r", "10", "-fa", "0,1", "-d", "0,1024", "-o", "json"]
+    record = {"flags": flags, "rows": {}}
+    for item in args.files.split(","):
+        name, _, path = item.partition("=")
+        path = str(gguf_path() if path == "bundled" else Path(path).resolve())
+        done = subprocess.run([args.binary, "-m", path, *flags], capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise SystemExit(f"llama-bench failed on {name}: {done.stderr.strip()[-600:]}")
+        record["rows"][name] = json.loads(done.stdout)
+        print(f"{name}: {len(record['rows'][name])} rows", flush=True)
+    record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
+                  processor=_cpu_name())
+    from course_lib.measure.peers_protocol import describe_llama_bench
+    out = Path(args.out) / f"llama-bench-cpu-{record['when'][:10]}.json"
+    out.write_text(json.dumps(record, indent=1))
+    print("\n".join(describe_llama_bench(record)))
+    print(f"written: {out}")
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "llama-bench":
+        return llama_bench(sys.argv[1:])
     if len(sys.argv) > 1 and sys.argv[1] in ("trial", "quality"):
         return child(sys.argv[1:])
     if len(sys.argv) > 1 and sys.argv[1] == "paired":

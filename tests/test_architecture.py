@@ -294,6 +294,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/engine/schedulers.py::__init__": "a scheduler's clock start",
     "course_lib/engine/schedulers.py::now": "a stamp taken after tokens were read on the CPU (int(): a sync)",
     "course_lib/doctor.py::check_generation": "generate() returns tokens read on the CPU",
+    "course_lib/measure/serving_peers.py::wait_ready": "a readiness deadline over HTTP, no device work timed",
     "course_lib/measure/fork.py::n_fork": "run_paged ends with every token picked on the CPU (int(): a sync)",
     "course_lib/runner/tensor_parallel.py::_rank": "CPU processes only (gloo); each step ends with int(argmax)",
     "course_lib/runner/tensor_parallel.py::reduce": "gloo's all_reduce on CPU tensors returns with the sum in place",

@@ -91,6 +91,8 @@ def test_generate_compiled_gives_the_eager_tokens(small, tokenizer):
     ok, why = compile_available()
     if not ok:
         pytest.skip(why)
+    from torch._dynamo.utils import counters
+    graphs = counters["stats"]["unique_graphs"]  # other tests of the session compile too
     runner = CompiledRunner(small)
     prompt = tokenizer.encode("Compiled inside the engine")
     want = generate(small, tokenizer, prompt, 8, stop_ids=())
@@ -104,8 +106,27 @@ def test_generate_compiled_gives_the_eager_tokens(small, tokenizer):
         run_schedule(runner, jobs, max_batch=rows, continuous=True)
         assert [j.tokens for j in jobs] == [generate(small, tokenizer, p, n, stop_ids=()).token_ids for p in prompts[:rows]]
     assert {(3, 256), (5, 512)} <= {key[:2] for key in runner.steps} and len(runner.compiled_code) == 1
+    assert counters["stats"]["unique_graphs"] - graphs <= 3  # a single row, a batch (and no graph per bucket)
+
+
+@pytest.mark.slow
+def test_a_warmed_runner_compiles_nothing_more_under_a_servers_traffic(small, tokenizer):
+    """warm() is what a server pays before it listens: the engine's own calls afterwards (tensors made outside
+    inference mode, a step called inside it, left-padded rows, caches of several buckets) must find its code. It
+    warms at 512 columns: the tiny model's gate|up matrix has 256 rows, which torch would tie to a 256 capacity."""
+    ok, why = compile_available()
+    if not ok:
+        pytest.skip(why)
     from torch._dynamo.utils import counters
-    assert counters["stats"]["unique_graphs"] <= 3  # a single row, a batch (and no graph per bucket)
+    runner = CompiledRunner(small)
+    assert runner.warm(512) > 0
+    graphs = counters["stats"]["unique_graphs"]
+    prompts = [list(range(5, 5 + n)) for n in (20, 300, 40, 600, 7)]  # buckets of 256, 512 and 1,024 columns
+    jobs = [Job(f"w{i}", p, 6) for i, p in enumerate(prompts)]
+    run_schedule(runner, jobs, max_batch=8, continuous=True)
+    assert counters["stats"]["unique_graphs"] == graphs  # before the fix: a graph more for a batch, mid-traffic
+    assert [j.tokens for j in jobs] == [generate(small, tokenizer, p, 6, stop_ids=()).token_ids for p in prompts]
+    assert runner.static_calls >= 5
 
 
 def test_rows_that_join_and_leave_keep_the_cache_in_a_bucket_and_their_tokens(small, tokenizer):

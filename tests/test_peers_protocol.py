@@ -98,3 +98,13 @@ def test_a_sitting_pairs_the_trials_and_counts_the_faster_llama():
                                   "llama.cpp": {"perplexity": 18.0}}}
     text = "\n".join(pp.describe(json.loads(json.dumps(record))))
     assert "Q4_1 1 thread(s)" in text and "llama.cpp flash" in text and "+1.1%" in text
+
+
+def test_llama_bench_lines_sort_each_files_rows_and_name_flash_attention():
+    rows = [{"n_threads": 2, "n_depth": 0, "flash_attn": True, "avg_ts": 110.04, "stddev_ts": 2.0},
+            {"n_threads": 1, "n_depth": 1024, "flash_attn": False, "avg_ts": 60.0, "stddev_ts": 1.5},
+            {"n_threads": 1, "n_depth": 0, "flash_attn": True, "avg_ts": 70.0, "stddev_ts": 0.5}]
+    lines = pp.describe_llama_bench({"flags": ["-t", "1,2", "-o", "json"], "rows": {"Q4_0": rows}})
+    assert lines[0].startswith("llama-bench (-t 1,2)")
+    assert [line.split(":")[1].split("+-")[0].strip() for line in lines[1:]] == ["70.0", "60.0", "110.0"]
+    assert "flash attention on " in lines[1] and "flash attention off" in lines[2] and "depth 1024" in lines[2]

@@ -222,3 +222,14 @@ def describe(record: dict) -> list[str]:
                      f"float32 {ours['kl_to_float32']:.4f} nats), llama.cpp {theirs['perplexity']:.3f} "
                      f"({100 * (ours['perplexity'] / theirs['perplexity'] - 1):+.1f}%)")
     return lines
+
+
+def describe_llama_bench(record: dict) -> list[str]:
+    """A llama-bench record (scripts/peers_cpu.py llama-bench) as lines: per file, threads, flash attention and depth,
+    llama.cpp's own mean generation rate over its repetitions, with its standard deviation."""
+    lines = [f"llama-bench ({' '.join(record['flags'][:-2])}), llama.cpp's own timer, tokens/s (mean +- sd)"]
+    for name, rows in record["rows"].items():
+        for r in sorted(rows, key=lambda r: (r["n_threads"], r["n_depth"], r["flash_attn"])):
+            lines.append(f"  {name} {r['n_threads']} thread(s), depth {r['n_depth']:>4}, flash attention "
+                         f"{'on ' if r['flash_attn'] else 'off'}: {r['avg_ts']:6.1f} +- {r['stddev_ts']:.1f}")
+    return lines

@@ -13,8 +13,8 @@ before a server listens. A scheduler that joins or drops rows hands the cache to
 in a bucket. Everything else (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
 Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
 and `why_eager` says why (printed once).
-What it does not do: change the numbers in float32 beyond rounding order (the step attends over its span of the
-bucket with a mask, static_step.span_of: the tokens equal the eager path's on the running examples); in bfloat16
+What it does not do: change the numbers in float32 beyond rounding order (the step attends over its whole bucket
+with a mask: the tokens equal the eager path's on the running examples); in bfloat16
 (the int4 format's activations) a near-tie between two tokens can flip, and the engine's tests say where. It does
 not page: a paged cache runs its decode eagerly through the block tables.
 """
@@ -25,7 +25,6 @@ import time
 import weakref
 
 import torch
-from torch.fx.experimental import _config as fx_config
 
 from ..runtime import synchronize
 from .kv_cache import KVCache
@@ -98,17 +97,23 @@ class CompiledRunner:
         size, so a new (rows, capacity) runs the code already built instead of compiling again. Measured on the
         AMD course machine (int4, 1 thread): about 80 s of compiling per (rows, capacity) with static shapes; with
         dynamic shapes about 180 s once for a single row and once for a batch (60-70 s each from torch's
-        on-disk cache), and steps as fast (15-19 ms for one row, 43 ms for eight, against 14-15 and 51)."""
+        on-disk cache), and steps as fast (15-19 ms for one row, 43 ms for eight, against 14-15 and 51).
+        subtle: these steps read their whole bucket (StaticDecode(whole=True)), not static_step.span_of's span. A
+        span passed as a symbol meets torch's duck shaping: at a first step whose span equals its capacity both
+        get one symbol, and the first step that reads fewer columns compiles again, mid-traffic; turning duck
+        shaping off instead gives each of the 60 cache tensors sizes of their own, and compiling the real model
+        did not finish in 10 minutes (2026-12-05, the sympy guard simplifier). The bucket bounds the waste: at
+        most twice the columns a request needs."""
         threads = torch.get_num_threads()
         key = (rows, capacity, threads)
         if key not in self.steps:
-            step = StaticDecode(self.model, rows, capacity, compile=False)
+            step = StaticDecode(self.model, rows, capacity, compile=False, whole=True)
             if self.compile:
                 if threads not in self.compiled_code:
                     StaticDecode.allow_recompiles()
                     self.compiled_code[threads] = torch.compile(StaticDecode._decode, dynamic=True,
                                                                 options=COMPILE_OPTIONS)
-                step._step, step.compiled = functools.partial(_unducked, self.compiled_code[threads], step), True
+                step._step, step.compiled = functools.partial(self.compiled_code[threads], step), True
             self.steps[key] = step
         return self.steps[key]
 
@@ -119,9 +124,13 @@ class CompiledRunner:
         if self.why_eager or not self.compile:
             return 0.0
         start = time.perf_counter()
+        # subtle: the engine calls a step under inference mode (forward.run_model) on a cache made outside it, and
+        # torch guards on the dispatch keys that leaves: warming any other way compiled both steps again at the
+        # first request (2026-12-05, a server's first minutes)
         for rows in (1, 2):
             cache = self.new_cache(rows, capacity)
-            self.step_for(rows, cache.capacity)([0] * rows, cache)
+            with torch.inference_mode():
+                self.step_for(rows, cache.capacity)([0] * rows, cache)
         synchronize(self.model.device)
         self.compile_seconds = time.perf_counter() - start
         return self.compile_seconds
@@ -155,14 +164,6 @@ class CompiledRunner:
         self.static_calls += 1
         logits = self.step_for(B, capacity)(input_ids, cache, positions, key_mask)  # (B, 1, V)
         return Output(logits, cache)
-
-
-def _unducked(code, step, *args):
-    """Call the runner's compiled code without duck shaping. subtle: by default torch gives sizes that are equal
-    when it first traces one symbol, so a first step whose span (columns read) equalled its capacity would compile
-    again at the first step that reads fewer columns than its cache holds, in the middle of a server's traffic."""
-    with fx_config.patch(use_duck_shape=False):
-        return code(step, *args)
 
 
 _runners: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

@@ -53,7 +53,9 @@ class StaticDecode:
     has its own position; `key_mask` (B, capacity) marks the columns that hold a row's tokens (None: all written
     ones). Example: run = StaticDecode(ours, 1, 512); logits = run(tokens, cache)  # (B, 1, V)"""
 
-    def __init__(self, model, batch: int, capacity: int, compile: bool = False):
+    def __init__(self, model, batch: int, capacity: int, compile: bool = False, whole: bool = False):
+        """whole=True: attention reads every column of the capacity (the mask hides the unwritten ones), the span
+        never changes: what the engine's runner (runner.compiled) asks for, see CompiledRunner.step_for."""
         if capacity < 2 or capacity > model.config.max_position_embeddings:
             raise ValueError(f"capacity must be between 2 and the window of {model.config.max_position_embeddings}, "
                              f"got {capacity}")
@@ -62,7 +64,7 @@ class StaticDecode:
             if not ok:
                 raise RuntimeError(why)
             self.allow_recompiles()
-        self.model, self.batch, self.capacity, self.compiled = model, batch, capacity, compile
+        self.model, self.batch, self.capacity, self.compiled, self.whole = model, batch, capacity, compile, whole
         self.cos = model.cos.to(model.dtype).clone()  # (window, D): read at positions given as a tensor
         self.sin = model.sin.to(model.dtype).clone()
         self.columns = torch.arange(capacity, device=model.device)
@@ -96,16 +98,21 @@ class StaticDecode:
         if not self.fits(cache):
             raise ValueError(f"this static step runs {self.batch} row(s) on a KVCache of capacity {self.capacity} "
                              f"with room left; got {type(cache).__name__} at length {getattr(cache, 'length', '?')}")
-        tokens = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(self.batch, 1)  # (B, 1)
-        column_t = torch.tensor([column], device=device)
-        positions = column_t.expand(self.batch) if positions is None else positions.reshape(self.batch).to(device)
-        if key_mask is None:
-            key_mask = torch.ones(self.batch, self.capacity, dtype=torch.bool, device=device)
+        # subtle: torch.compile guards on each input's dispatch keys, which differ between a tensor made inside
+        # inference mode and one made outside: the small inputs are made afresh inside it, whatever the caller
+        # passed, so a step warmed with a list compiles nothing again when the engine passes a tensor
+        with torch.inference_mode():
+            tokens = torch.as_tensor(tokens, dtype=torch.long, device=device).reshape(self.batch, 1).clone()  # (B, 1)
+            column_t = torch.tensor([column], device=device)
+            positions = (column_t.expand(self.batch) if positions is None else positions.reshape(self.batch)).to(
+                device).clone()
+            key_mask = (torch.ones(self.batch, self.capacity, dtype=torch.bool, device=device) if key_mask is None
+                        else key_mask.clone())
         synchronize(device)
         start = time.perf_counter()
-        with torch.no_grad():
+        with torch.inference_mode():
             out = self._step(tokens, column_t, positions, key_mask, cache.keys, cache.values,
-                             span_of(column, self.capacity))
+                             self.capacity if self.whole else span_of(column, self.capacity))
             # a head the compiler cannot take (formats.Int8DynamicLinear) runs after the step
             logits = head(self.model, out) if self.head_apart else out
         if self.compiled and self.compile_seconds == 0.0:  # (a runner's shared code: only its first call compiles)

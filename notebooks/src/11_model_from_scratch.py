@@ -412,8 +412,9 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # The engine takes the compiled step in as a runner: `generate(..., compiled=True)` and `stream(...,
 # compiled=True)` run ours through `course_lib/runner/compiled.py`, which meets the same runner contract as the
 # model. Its caches come in a few fixed capacities (the buckets printed above), and its decode step is compiled
-# with the rows, the capacity and the span left as symbols: the compiler runs once for a single row and once for
-# a batch, and every bucket reuses that code (a GPU engine captures one CUDA graph per batch size at start-up;
+# with the rows and the capacity left as symbols (its steps read their whole bucket: a span that moves would
+# compile again mid-traffic): the compiler runs once for a single row and once for a batch, and every bucket
+# reuses that code (a GPU engine captures one CUDA graph per batch size at start-up;
 # the server here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
 # pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
 # shapes change with every batch).

@@ -450,6 +450,10 @@ if paired_records:
     for other in sorted(paired_records[-1].parent.glob(paired_records[-1].stem + "-context*.json")):
         print(f"\nthe same day, both caches sized for another context: {other.name}")
         print("\n".join(peers_protocol.describe(json.loads(other.read_text()))))
+    llama_bench = sorted(Path("../data/benchmarks").glob("llama-bench-cpu-*.json"))
+    if llama_bench:  # llama.cpp's own benchmark, from the same source
+        print(f"\n{llama_bench[-1].name}:")
+        print("\n".join(peers_protocol.describe_llama_bench(json.loads(llama_bench[-1].read_text()))))
     plots_perf.plot_paired_ratios(paired_record)
     plt.show()
 else:
@@ -466,7 +470,11 @@ else:
 # two engines computed the same model: the course's, through its compiled step, and llama.cpp's, on the same
 # text and file. The second block, where the day has one, holds the same race with both caches sized for a
 # longer context: if the course's rate barely moves between the two, its step reads what was written, not
-# what was reserved.
+# what was reserved. The last block, where the day has one, is llama.cpp's own benchmark (`llama-bench`,
+# built from the same source): its timer covers the generated tokens only, with the cache empty (depth 0)
+# and with a long conversation's worth of tokens already in it. Its depth-0 rows are a check on the paired
+# trials' llama.cpp figures; its deeper rows show what a filled cache costs llama.cpp, which a short
+# conversation never shows (the course's side of that is not measured here).
 #
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks

@@ -465,6 +465,50 @@ else:
 # cost is time to first token, since a long prompt is now read over several steps that also serve the
 # running requests (the right panel shows how much, in that run). The figures come from one run on one
 # machine; yours will differ, and a busy machine can reorder close lines.
+#
+# How does this server compare with a production one on the same laptop? The course committed a
+# sitting against llama.cpp's server (`llama-server`, built from the source that ships inside
+# llama-cpp-python, on the course's own GGUF file, with continuous batching and a choice of slots),
+# both driven by the bench's trace over loopback with the same latency targets. The course ran twice:
+# the compiled int4 step on a contiguous cache, and the paged cache of this lesson with chunked prefill
+# and prefix caching (int4 weights, eager steps). `scripts/serving_peers_cpu.py` remakes it; the next
+# cell reads the newest record.
+
+# %%
+from course_lib.measure import serving_peers
+
+peers = sorted(Path("../data/benchmarks").glob("serving-peers-cpu-????-??-??.json"))  # the course's own file
+if peers:
+    record = json.loads(peers[-1].read_text())
+    print(peers[-1].name, "|", record["processor"], "|", record["llama_server"]["version"].splitlines()[0])
+    print("\n".join(serving_peers.describe(record)))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+    for ax, key, label in ((axes[0], "goodput_rps", "goodput (good requests per second)"),
+                           (axes[1], "itl_p99_s", "p99 time between tokens (s)")):
+        plots_perf.plot_serving_load(record["rates"], {name: [r[key] for r in runs]
+                                                       for name, runs in record["runs"].items()},
+                                     ax=ax, ylabel=label, title=label.split(" (")[0])
+    plt.show()
+else:
+    print("no committed serving-peers record: scripts/serving_peers_cpu.py makes one (it needs llama-server)")
+
+# %% [markdown]
+# What one such sitting can settle: which server kept more requests inside the targets at each rate
+# on that machine, that hour, with the load generator sharing its cores. What it cannot: a ranking
+# that holds on another CPU, under another trace, or between close lines (one run per rate, no
+# repeats; llama.cpp's own single-stream speed moved from one sitting to the next in lesson 12's
+# paired protocol).
+# Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
+# after a few tokens; the record keeps every text.
+#
+# Read the two course lines against section 6. The compiled step makes each decode step cheaper, but the
+# contiguous cache it runs on reads every prompt whole, so each handbook-sized prompt stalls every
+# running request for as long as it takes; the paged configuration reads prompts in chunks and finds the
+# shared handbook in its prefix cache. Which matters more depends on the trace: this one sends long
+# prompts often. llama-server ran the course's Q4_1 file, which is not its fastest 4-bit layout
+# (lesson 12, section 7), with its default settings otherwise: a long prompt goes in micro-batches of
+# several hundred tokens, and each slot keeps its own last prompt for reuse (a new request goes to the
+# slot whose last prompt it most resembles), rather than one block pool shared by every request.
 
 # %% [markdown]
 # ## 7. Several answers to one prompt: fork the blocks, copy on write

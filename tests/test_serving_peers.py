@@ -1,0 +1,62 @@
+"""The serving-peers protocol's pieces: llama-server's command line, readiness, the drive over a real course server
+(the tiny model, the paged configuration the record runs), and the comparison that decides the target."""
+import subprocess
+import sys
+
+import pytest
+
+from course_lib.measure import serving_peers
+from course_lib.measure.load import mixed_trace
+from course_lib.serve.serving import free_port, start_server
+
+
+def test_llama_server_command_gives_every_slot_a_context_and_stays_on_loopback():
+    command = serving_peers.llama_server_command("llama-server", "m.gguf", 8080, 8, 2, flash=False)
+    flags = {flag: command[i + 1] for i, flag in enumerate(command[:-1]) if flag.startswith("-")}
+    assert flags["--host"] == "127.0.0.1" and flags["-np"] == "8" and flags["-t"] == flags["-tb"] == "2"
+    assert int(flags["-c"]) == 8 * serving_peers.SLOT_CONTEXT and flags["-fa"] == "off"
+    assert "--cont-batching" in command and "--jinja" in command
+    with pytest.raises(ValueError, match="slots and threads"):
+        serving_peers.llama_server_command("llama-server", "m.gguf", 8080, 0, 2)
+
+
+def test_wait_ready_says_when_the_server_died():
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait(timeout=30)
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        serving_peers.wait_ready(f"http://127.0.0.1:{free_port()}", proc, timeout=10)
+
+
+def test_drive_replays_a_trace_against_the_course_configuration_it_records(tiny, tokenizer):
+    options = serving_peers.COURSE_CONFIGS["course paged chunked"]
+    handle = start_server(tiny, tokenizer, free_port(), max_tokens_cap=8, max_concurrent=8, **options)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert serving_peers.wait_ready(handle.url, proc, timeout=30) < 30
+        finally:
+            proc.kill()
+        trace = mixed_trace(4.0, 3, seed=1, max_tokens=4, shares=(1.0, 0.0, 0.0))
+        (run,) = serving_peers.drive(handle.url, {4.0: trace}, timeout=120)
+    finally:
+        handle.stop()
+    assert run["rate"] == 4.0 and run["finished"] == 3 and not run["errors"]
+    assert run["usage_tokens"] == 12 and len(run["texts"]) == 3 and run["pieces"] >= 3
+
+
+def _run(rate, goodput, p99, tps=10.0):
+    return {"rate": rate, "goodput_rps": goodput, "itl_p99_s": p99, "tokens_per_s": tps}
+
+
+def test_compare_takes_each_sides_best_and_needs_both_goodput_and_gaps():
+    runs = {"course compiled": [_run(0.5, 0.4, 0.10), _run(1.0, 0.5, 0.30)],
+            "course paged chunked": [_run(0.5, 0.45, 0.12), _run(1.0, 0.2, 0.20)],
+            "llama-server 4 slots": [_run(0.5, 0.45, 0.15), _run(1.0, 0.6, 0.10)],
+            "llama-server 8 slots": [_run(0.5, 0.40, 0.05), _run(1.0, 0.3, 0.05)]}
+    low, high = serving_peers.compare(runs)
+    assert (low["course"], low["llama"], low["met"]) == ("course paged chunked", "llama-server 4 slots", True)
+    assert (high["course"], high["llama"], high["met"]) == ("course compiled", "llama-server 4 slots", False)
+    runs["course compiled"][1] = _run(1.0, 0.6, 0.11)
+    assert not serving_peers.compare(runs)[1]["met"]  # goodput matched, p99 gap 10 ms worse: missed
+    with pytest.raises(ValueError, match="llama-server"):
+        serving_peers.compare({"course compiled": runs["course compiled"]})
