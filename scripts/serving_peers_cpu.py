@@ -11,7 +11,6 @@ course's set-up (it needs cmake and a C++ compiler, and minutes):
 (on a CPU whose AMX kernel crashes llama.cpp, add the CMAKE_ARGS the README names).
 """
 import argparse
-import hashlib
 import json
 import platform
 import subprocess
@@ -39,22 +38,14 @@ def serve(argv: list[str]) -> int:
     from course_lib.measure.serving_peers import COURSE_CONFIGS, MAX_TOKENS
     from course_lib.serve.serving import start_server
     torch.set_num_threads(args.threads)
-    model, tokenizer = course_lib.load_model(device="cpu", dtype="float32", verbose=False)
-    if args.gguf:  # another file (a Q4_0 made by llama.cpp's quantizer): its weights, the course's tokenizer
-        model, _ = course_lib.load_model(args.gguf, device="cpu", dtype="float32", verbose=False)
+    # the bundled file, or another (a Q4_0 made by llama.cpp's quantizer): its weights and its own tokenizer, as
+    # llama-server reads them
+    model, tokenizer = course_lib.load_model(args.gguf or None, device="cpu", dtype="float32", verbose=False)
     start_server(model, tokenizer, args.port, max_tokens_cap=MAX_TOKENS, max_concurrent=64,
                  **COURSE_CONFIGS[args.config])
     print("serving", flush=True)
     while True:
         time.sleep(60)
-
-
-def sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def main() -> int:
@@ -68,7 +59,7 @@ def main() -> int:
     parser.add_argument("--gguf", default="bundled", help="the GGUF file both servers run (bundled: the course's Q4_1)")
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
     args = parser.parse_args()
-    from course_lib.loading import gguf_path
+    from course_lib.loading import gguf_path, sha256_of
     from course_lib.measure import peers_protocol, serving_peers
     from course_lib.serve.serving import free_port
     from peers_cpu import _cpu_name
@@ -86,7 +77,7 @@ def main() -> int:
               "ready_s": {}, "machine": {}, "commands": {}}
     version = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True, timeout=60)
     record["llama_server"] = {"version": (version.stdout + version.stderr).strip()[-400:],
-                              "sha256": sha256(args.llama_server)}
+                              "sha256": sha256_of(Path(args.llama_server))}
     partial = Path(args.out) / ".serving-peers-partial.json"
     for name in order:
         port = free_port()

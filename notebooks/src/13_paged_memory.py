@@ -501,11 +501,11 @@ else:
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
-# Read the two course lines against section 6. The compiled step makes each decode step cheaper, but the
-# contiguous cache it runs on reads every prompt whole, so each handbook-sized prompt stalls every
-# running request for as long as it takes; the paged configuration reads prompts in chunks and finds the
-# shared handbook in its prefix cache. Which matters more depends on the trace: this one sends long
-# prompts often. llama-server ran the course's Q4_1 file, which is not its fastest 4-bit layout
+# Read the two course lines against section 6. The compiled configuration runs on the contiguous cache,
+# which reads every prompt whole: each handbook-sized prompt stalls every running request for as long
+# as it takes, and that, more than the cost of a decode step, sets its p99 gap. The paged configuration
+# reads prompts in chunks and finds the shared handbook in its prefix cache. How much each matters
+# depends on the trace: this one sends long prompts often. llama-server ran the course's Q4_1 file, which is not its fastest 4-bit layout
 # (lesson 12, section 7), with its default settings otherwise: a long prompt goes in micro-batches of
 # several hundred tokens, and each slot keeps its own last prompt for reuse (a new request goes to the
 # slot whose last prompt it most resembles), rather than one block pool shared by every request.
