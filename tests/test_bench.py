@@ -161,6 +161,10 @@ def test_long_context_section_reports_its_keys(model, tokenizer):
     assert lc["crossover_tokens"]["int4"]["bfloat16"] < lc["crossover_tokens"]["float32"]["float32"]
     assert lc["kv8_capacity_ratio"] > 3 and lc["kv8_capacity_ratio_vs_bfloat16"] >= 1.9
     assert lc["kv8_step_ratio"] == pytest.approx(lc["kv_step_ms"]["int8"] / lc["kv_step_ms"]["float"])
+    assert lc["kv8_step_ratio_eager"] == pytest.approx(lc["kv_step_ms_eager"]["int8"] / lc["kv_step_ms_eager"]["float"])
+    # quick: the static step uncompiled (the mechanics), and the report says so
+    assert lc["kv_step_context"] == 256 and lc["kv_step_compiled"] is False
+    assert "static, not compiled" in format_report(result)
     assert [c["context"] for c in lc["step_curve_int4"]] == [c["context"] for c in lc["step_curve"]]
     assert len(lc["needle"]) == 6 and all(isinstance(v, bool) for v in lc["needle"].values())
     assert [t[0] for t in targets(result)][:1] == ["long context: sinks beat the plain window past the budget"]

@@ -25,7 +25,7 @@ import torch
 from ..runner.attention import apply_rotary
 from ..runner.attention_kernels import tile_partial, merge
 from ..runner.forward import run_model
-from ..runner.kv_cache import KVCache, kv_bytes_per_token
+from ..runner.kv_cache import KVCache, dequantize_rows, kv_bytes_per_token, quantize_rows
 
 LONG_TEXT = Path(__file__).resolve().parents[2] / "data" / "long" / "pride_and_prejudice_ch1-14.txt"
 KV_FORMATS = {"float32": 4.0, "bfloat16": 2.0, "int8": 1.0, "int4": 0.5}  # bytes per stored number
@@ -81,25 +81,6 @@ class WindowCache(KVCache):
             v[:, :, s:end - drop] = v[:, :, s + drop:end].clone()  # subtle: the ranges overlap, so copy first
         self.length, self.evicted = end - drop, self.evicted + drop
         return drop
-
-
-def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric integers with one scale per row of D numbers (per token and head): x ~ q * scale.
-    x (..., D) -> (q (..., D) int8 for 8 bits, (..., D/2) uint8 with two numbers per byte for 4; scale (..., 1) fp16)."""
-    top = 2 ** (bits - 1) - 1  # 127 or 7
-    x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).div_(top).clamp_(min=1e-8).half()
-    q = torch.div(x, scale.float()).round_().clamp_(-top, top).to(torch.int8)
-    if bits == 4:
-        q = ((q[..., 0::2] + 8) | ((q[..., 1::2] + 8) << 4)).to(torch.uint8)  # note: even dims low, odd dims high
-    return q, scale
-
-
-def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The numbers quantize_rows stands for, in `dtype`. (..., D)."""
-    if bits == 4:
-        q = torch.stack([(q & 15).to(torch.int8) - 8, (q >> 4).to(torch.int8) - 8], dim=-1).flatten(-2)
-    return q.to(dtype) * scale.to(dtype)
 
 
 class QuantizedKVCache(KVCache):

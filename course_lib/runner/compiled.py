@@ -29,7 +29,7 @@ import torch
 from ..runtime import synchronize
 from .kv_cache import KVCache
 from .model import Output
-from .static_step import COMPILE_OPTIONS, StaticDecode, compile_available
+from .static_step import StaticDecode, compile_available, compile_options
 
 CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # columns a compiled step's cache holds, smallest that fits wins
 
@@ -112,7 +112,7 @@ class CompiledRunner:
                 if threads not in self.compiled_code:
                     StaticDecode.allow_recompiles()
                     self.compiled_code[threads] = torch.compile(StaticDecode._decode, dynamic=True,
-                                                                options=COMPILE_OPTIONS)
+                                                                options=compile_options())
                 step._step, step.compiled = functools.partial(self.compiled_code[threads], step), True
             self.steps[key] = step
         return self.steps[key]

@@ -6,7 +6,9 @@ own cache (`KVCache`: preallocated per layer, written in place, rolled back by o
 it, as does paged.PagedCache; and the operations a scheduler needs on any cache, ours or transformers'
 `DynamicCache` (`new_cache`, `length_of`, `rollback`, `select_rows`, `join`, `trim`); counts the token
 positions a run with and without a cache pushes through the model; computes cache memory from the formula
-2 x layers x key/value heads x head dimension x bytes x tokens and measures it on the real cache objects.
+2 x layers x key/value heads x head dimension x bytes x tokens and measures it on the real cache objects;
+quantizes a cache's rows to 8 or 4 bits with one scale per token and head (`quantize_rows`, `dequantize_rows`:
+lesson 17's quantized cache and the static step's 8-bit columns use the same rule).
 What it does not do: simulate a memory budget (budget.py, lesson 07), page or share cache blocks between
 requests (paged.py, lesson 13), call the model
 (forward.run_model does), or time anything (measure/ does).
@@ -21,6 +23,25 @@ import torch
 def head_dim_of(config) -> int:
     """The head dimension D: the config's head_dim, else hidden size / query heads. Example: SmolLM2 -> 64"""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def quantize_rows(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric integers with one scale per row of D numbers (per token and head): x ~ q * scale.
+    x (..., D) -> (q (..., D) int8 for 8 bits, (..., D/2) uint8 with two numbers per byte for 4; scale (..., 1) fp16)."""
+    top = 2 ** (bits - 1) - 1  # 127 or 7
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).div_(top).clamp_(min=1e-8).half()
+    q = torch.div(x, scale.float()).round_().clamp_(-top, top).to(torch.int8)
+    if bits == 4:
+        q = ((q[..., 0::2] + 8) | ((q[..., 1::2] + 8) << 4)).to(torch.uint8)  # note: even dims low, odd dims high
+    return q, scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, bits: int, dtype: torch.dtype) -> torch.Tensor:
+    """The numbers quantize_rows stands for, in `dtype`. (..., D)."""
+    if bits == 4:
+        q = torch.stack([(q & 15).to(torch.int8) - 8, (q >> 4).to(torch.int8) - 8], dim=-1).flatten(-2)
+    return q.to(dtype) * scale.to(dtype)
 
 
 @runtime_checkable
