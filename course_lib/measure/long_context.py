@@ -154,8 +154,8 @@ def long_context_section(model, tokenizer, quick: bool = False) -> dict:
     step = {name: median(v) for name, v in steps.items()}
     # the 8-bit cache through the compiled step, on the engine's format (int4 weights, bfloat16 activations and
     # float cache); quick: the same static step uncompiled, a check of the mechanics only
-    compiled_at = 255 if quick else 4095
-    fused = static_step_ms(int4, compiled_at, rounds=2 if quick else 7, compile=not quick and compile_available()[0])
+    compiled_at, compiles = (255, False) if quick else (4095, compile_available()[0])
+    fused = static_step_ms(int4, compiled_at, rounds=2 if quick else 7, compile=compiles)
     capacity = quality["float"]["bytes"] / quality["int8"]["bytes"]
     needle = needle_grid(ours, tokenizer, [256, 512] if quick else [1024, 2048, 4096, 8000], [0.1, 0.5, 0.9] if quick
                          else [0.0, 0.25, 0.5, 0.75, 1.0])
@@ -171,7 +171,7 @@ def long_context_section(model, tokenizer, quick: bool = False) -> dict:
             "kv_step_ms_eager": step, "kv_step_context_eager": at, "kv_tile": KV_TILE,
             "kv8_step_ratio_eager": step["int8"] / step["float"],
             "kv_step_ms": {"float": fused["float"], "int8": fused["int8"]}, "kv_step_context": compiled_at + 1,
-            "kv_step_compiled": not quick and compile_available()[0], "kv_step_compile_s": fused["compile_s"],
+            "kv_step_compiled": compiles, "kv_step_compile_s": fused["compile_s"],
             "kv_step_format": "int4 weights, bfloat16 activations and float cache",
             "kv8_step_ratio": fused["int8"] / fused["float"],
             "needle": {f"{c['asked_length']}@{c['depth']}": c["found"] for c in needle}, "needle_cells": needle}
