@@ -305,6 +305,7 @@ UNSYNCHRONIZED_TIMINGS = {
     "course_lib/engine/long_context.py::stream_loss": "the end time is taken after .cpu() of the losses",
     "course_lib/views/widgets.py::update": "a widget redraw on the CPU",
     "course_lib/runner/attention.py::score_times": "CPU tensors made in the function",
+    "course_lib/measure/fast_path.py::rows_cost": "CPU kernels only (formats.Int4Linear refuses any other device)",
     "course_lib/loading.py::time_cached_load": "loading ends with the weights in place (a blocking copy)",
     "course_lib/loading.py::load_model": "loading ends with the weights in place (a blocking copy)",
     "course_lib/engine/structured.py::masked": "the mask is computed on the CPU",

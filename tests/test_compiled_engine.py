@@ -173,3 +173,20 @@ def test_the_server_runs_the_compiled_runner_when_asked(small, tokenizer, monkey
         create_app(small, tokenizer, kv_cache="paged", compiled=True)
     with pytest.raises(ValueError, match="unknown weight format"):
         create_app(small, tokenizer, fmt="int3")
+    with pytest.raises(ValueError, match="rows_int8 is an option of the 4-bit format"):
+        create_app(small, tokenizer, rows_int8=6)
+    with pytest.raises(ValueError, match="rows_int8 is for the 4-bit formats"):
+        create_app(small, tokenizer, fmt="bfloat16", rows_int8=6)
+
+
+@pytest.mark.skipif(not __import__("course_lib.runner.formats", fromlist=["x"]).int_mm_available(),
+                    reason="torch._int_mm is missing or inexact here")
+def test_a_server_model_in_int4_can_carry_the_int8_copy_for_several_rows(small, tokenizer):
+    from course_lib.serve.engine_thread import fast_model
+    from course_lib.engine.generation import generate
+    plain, rows = fast_model(small, "int4"), fast_model(small, "int4", rows_int8=4)
+    assert rows.layers[0].gate_up.int8 is not None and plain.layers[0].gate_up.int8 is None
+    ids = tokenizer("The capital of France is")["input_ids"]
+    assert len(ids) >= 4  # the prompt's prefill goes through the copy, each decode step (one row) through 4 bits
+    out = generate(rows, tokenizer, ids, 4, stop_ids=())
+    assert len(out.token_ids) == 4

@@ -155,3 +155,31 @@ def test_perplexity_is_finite_and_ordered(ours, converted, tokenizer):
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:256]
     p32, p4 = quality.perplexity(ours, ids), quality.perplexity(converted["int4"], ids)
     assert 1 < p32 < 100 and abs(p4 - p32) / p32 < 0.1
+
+
+@pytest.mark.skipif(not formats.int_mm_available(), reason="torch._int_mm is missing or inexact here")
+def test_the_int4_rows_copy_is_the_exact_algebra_of_int8_rows_and_only_from_its_row_count(ours):
+    torch.manual_seed(0)
+    w = torch.randn(96, 64) * 0.05
+    plain, rows = formats.Int4Linear(w, torch.bfloat16), formats.Int4Linear(w, torch.bfloat16, rows_int8=4)
+    x = torch.randn(6, 64).to(torch.bfloat16)
+    # fewer rows than rows_int8: the 4-bit kernel, bit for bit
+    assert torch.equal(rows(x[:3]), plain(x[:3]))
+    # from rows_int8 rows: each row rounded to 256 levels between min(row, 0) and max(row, 0), times the int8 copy
+    # of the 4-bit weights, written out here in float64 without the kernel
+    x = x + 0.5  # rows not centred on zero: the zero point matters
+    got = rows(x).double()
+    flat = x.double()
+    low, high = flat.amin(1, keepdim=True).clamp(max=0), flat.amax(1, keepdim=True).clamp(min=0)
+    s = (high - low) / 255
+    z = torch.round(-low / s)
+    q, scale = formats.quantize_int8(formats.dequantize_int4(*formats.quantize_int4(w)))
+    want = (((torch.round(flat / s) + z).clamp(0, 255) - z) * s) @ (q.double() * scale.double()[:, None]).T
+    assert float((got - want).abs().max()) < 2e-2 * float(want.abs().max())  # bfloat16 output rounding
+    assert float((got - want).norm() / want.norm()) < 4e-3
+    # a rounding of the 4-bit product, not something else
+    near = plain(x).double()
+    assert float((got - near).norm() / near.norm()) < 0.03
+    assert rows.int8_nbytes == 96 * 64 + 96 * 8 and plain.int8_nbytes == 0 and rows.nbytes == plain.nbytes
+    with pytest.raises(ValueError, match="rows_int8 is for the 4-bit formats"):
+        formats.convert(ours, "bfloat16", rows_int8=4)

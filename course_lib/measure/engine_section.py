@@ -48,8 +48,13 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     from .fast_path import batch_scaling, compiled_generate
     fast_generate = compiled_generate(fast, tokenizer, story, 8 if quick else 128, repeats=1 if quick else 3,
                                       compile=not quick)
+    # and the same with the int8 copy for calls of several rows (formats.Int4Linear's rows_int8), where it runs
+    from ..runner.formats import ROWS_INT8, int_mm_available
+    from ..engine.long_context import long_text_ids
+    rows_model = convert(ours, "int4", rows_int8=ROWS_INT8) if fast is not ours and int_mm_available() else None
     scaling = batch_scaling(fast, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,
-                            compile=not quick)
+                            compile=not quick, rows_model=rows_model,
+                            text=long_text_ids(tokenizer, 64 if quick else 512))  # lesson 12's perplexity text
     return {"ops_per_step": anatomy, "compiled": compiled, "compiled_generate": fast_generate, "batch_scaling": scaling, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
@@ -70,9 +75,14 @@ def _targets(result: dict) -> list:
     if g and g["compiled"]:
         out.append((f"engine: generate compiled at least 2x eager ({g['threads']} thread(s))",
                     f"{g['speedup']:.2f}x (same tokens: {g['same_tokens']})", g["speedup"] >= 2.0))
-    if b and b["compiled"] and "8" in {str(k) for k in b["compiled_scaling"]}:
+    if b and b.get("ran_compiled") and "8" in {str(k) for k in b["compiled_scaling"]}:
         eight = {str(k): v for k, v in b["compiled_scaling"].items()}["8"]
         out.append(("engine: 8 rows give at least 4x one row's tokens/s (compiled)", f"{eight:.2f}x", eight >= 4.0))
+        rows = b.get("rows_int8")
+        if rows:
+            eight = {str(k): v for k, v in rows["compiled_scaling"].items()}["8"]
+            out.append((f"engine: the same, int8 copy from {rows['rows_from']} rows (compiled)", f"{eight:.2f}x",
+                        eight >= 4.0))
     return out
 
 
@@ -108,10 +118,16 @@ def _report(result: dict) -> list:
                      f"({g['speedup']:.2f}x; {g['capacity']}-column bucket compiled in {g['compile_s']:.0f} s; same "
                      f"tokens: {g['same_tokens']})" + ("" if g["compiled"] else f"; not compiled: {g['why_not']}"))
     b = e.get("batch_scaling")
-    for side in ("eager", "compiled") if b else ():
-        lines.append(f"engine batch scaling, {side} ({b['threads']} thread(s), {b['context']}-token cache): "
-                     + ", ".join(f"B={r['rows']} {r['step_ms']:.1f} ms {r['tokens_per_s']:.0f} tok/s"
-                                 for r in b[side].values()))
+    for name, rows in (("", b), (" int8 copy from {rows_from} rows", (b or {}).get("rows_int8"))):
+        for side in ("eager", "compiled") if rows else ():
+            lines.append(f"engine batch scaling{name.format(**rows)}, {side} ({b['threads']} thread(s), "
+                         f"{b['context']}-token cache): "
+                         + ", ".join(f"B={r['rows']} {r['step_ms']:.1f} ms {r['tokens_per_s']:.0f} tok/s"
+                                     for r in rows[side].values()))
+    if b and "perplexity_rows_int8" in b.get("rows_int8", {}):
+        r = b["rows_int8"]
+        lines.append(f"engine int8 copy: perplexity over {r['text_tokens']} tokens {r['perplexity_rows_int8']:.3f} "
+                     f"against the 4-bit kernel's {r['perplexity_int4']:.3f}; {r['int8_bytes'] / 1e6:.0f} MB more")
     return lines
 
 

@@ -53,14 +53,37 @@ def compiled_generate(model, tokenizer, prompt: list[int], n: int, repeats: int 
 
 
 def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, steps: int = 9,
-                  compile: bool = True) -> dict:
+                  compile: bool = True, rows_model=None, text: list[int] | None = None) -> dict:
     """One decode step of B rows over a cache of `context` tokens, eager (the engine's decode_step) and through the
     compiled static step: the median of `steps` steps after one warm-up, and tokens per second (B rows / step).
     The rows hold the same prompt (their weights are read once either way; their attention reads each row's own
-    columns)."""
+    columns). rows_model: the same model built with formats.convert(..., rows_int8=R), measured the same way
+    under "rows_int8", with the perplexity of `text` through both (one pass of len(text) rows: the int8 copy's
+    numbers against the 4-bit kernel's)."""
     can, why = compile_available()
     compile = compile and can
     capacity = bucket(context + steps + 2, model.config.max_position_embeddings)
+    # note: "compiled" holds the compiled side's rows (as "eager" the eager side's); whether it was compiled at all
+    # is "ran_compiled" (why not: "why_not")
+    out = {"threads": torch.get_num_threads(), "context": context, "capacity": capacity, "ran_compiled": compile,
+           "why_not": "" if compile else (why or "not asked (--quick)"),
+           **_scaling(model, batches, context, steps, capacity, compile)}
+    if rows_model is not None:
+        from ..runner.formats import Int4Linear
+        from .quality import perplexity
+        linears = [part for layer in rows_model.layers for part in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        out["rows_int8"] = {"rows_from": min(lin.rows_int8 for lin in linears if isinstance(lin, Int4Linear)),
+                            "int8_bytes": sum(getattr(lin, "int8_nbytes", 0) for lin in linears),
+                            **_scaling(rows_model, batches, context, steps, capacity, compile)}
+        if text:
+            out["rows_int8"] |= {"text_tokens": len(text), "perplexity_int4": perplexity(model, text),
+                                 "perplexity_rows_int8": perplexity(rows_model, text)}
+    return out
+
+
+def _scaling(model, batches, context: int, steps: int, capacity: int, compile: bool) -> dict:
+    """batch_scaling's measurement for one model: {"eager": {B: row}, "compiled": {B: row}, "eager_scaling",
+    "compiled_scaling"}."""
     runner = CompiledRunner(model, compile=compile)
     ids = list(range(100, 100 + context))
     rows = {"eager": {}, "compiled": {}}
@@ -79,15 +102,34 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
             seconds, _ = best_of(lambda: run([TIMING_TOKEN] * B, cache), 1, model.device, warmup=0)
             times.append(seconds)
         rows["compiled"][B] = _row(B, times[1:]) | {"compile_s": run.compile_seconds}
-    out = {"threads": torch.get_num_threads(), "context": context, "capacity": capacity, "compiled": compile,
-           "why_not": "" if compile else (why or "not asked (--quick)"), **rows}
     for side in ("eager", "compiled"):
         one = rows[side][batches[0]]["tokens_per_s"]
-        out[f"{side}_scaling"] = {B: rows[side][B]["tokens_per_s"] / one for B in batches}
-    return out
+        rows[f"{side}_scaling"] = {B: rows[side][B]["tokens_per_s"] / one for B in batches}
+    return rows
 
 
 def _row(B: int, seconds: list[float]) -> dict:
     ms = 1000 * median(seconds)
     return {"rows": B, "step_ms": ms, "step_ms_min": 1000 * min(seconds), "step_ms_max": 1000 * max(seconds),
             "tokens_per_s": 1000 * B / ms}
+
+
+def rows_cost(plain, with_int8, rows=(1, 2, 4, 8, 16, 64), repeats: int = 30) -> dict:
+    """Microseconds per call of one 4-bit layer (formats.Int4Linear) for R rows of bfloat16 activations: through
+    torch's 4-bit kernel (`plain`) and through the int8 copy's integer product (`with_int8`, built with
+    rows_int8; called at every R, whatever its threshold), the median of `repeats` calls after a warm-up. One
+    matrix called again and again stays in the CPU's cache: this is the kernels' arithmetic, not a decode step's
+    reading of the whole model (batch_scaling measures that)."""
+    from ..runner.formats import int8_rows_product
+    out = {"rows": list(rows), "int4_us": [], "int8_us": []}
+    for R in rows:
+        x = torch.randn(R, plain.in_features, dtype=torch.bfloat16)
+        for key, call in (("int4_us", lambda: plain(x)), ("int8_us", lambda: int8_rows_product(x, *with_int8.int8))):
+            call()
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                call()
+                seconds.append(time.perf_counter() - start)
+            out[key].append(1e6 * median(seconds))
+    return out

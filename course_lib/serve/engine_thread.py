@@ -130,13 +130,18 @@ def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budg
                                     "preempt", max_batch, token_budget=token_budget)
 
 
-def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: str = "contiguous"):
+def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: str = "contiguous",
+               rows_int8: int | None = None):
     """The model a server runs when asked for a weight format and the compiled step (issue: the fast path is the
     engine): the course's own model (a transformers model is rewritten), converted to `fmt` (one of
     runner.formats.FORMATS, from float32), then wrapped in runner.compiled's CompiledRunner when compiled=True and
     compiled before it serves (CompiledRunner.warm: no request waits for the compiler).
     The compiled step runs on the contiguous cache only: the paged cache's decode reads its block tables eagerly
-    (lesson 16), so compiled=True with kv_cache="paged" is refused with that reason, not ignored."""
+    (lesson 16), so compiled=True with kv_cache="paged" is refused with that reason, not ignored.
+    rows_int8: with fmt="int4", calls of that many rows or more (prefill, big batches) use the 4-bit layers' int8
+    copy (runner.formats.Int4Linear)."""
+    if rows_int8 is not None and fmt is None:
+        raise ValueError("rows_int8 is an option of the 4-bit format: pass fmt='int4' with it")
     if fmt is None and not compiled:
         return model
     if compiled and kv_cache == "paged":
@@ -145,7 +150,7 @@ def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: 
     ours = model if isinstance(model, Model) else Model.from_transformers(model)
     if fmt is not None:
         from ..runner.formats import convert
-        ours = convert(ours, fmt)
+        ours = convert(ours, fmt, rows_int8=rows_int8)
     if compiled:
         from ..runner.compiled import compiled_runner
         runner = compiled_runner(ours)

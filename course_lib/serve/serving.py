@@ -55,17 +55,18 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
                max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
                max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None,
                token_budget: int | None = None, prefix_caching: bool = True, fmt: str | None = None,
-               compiled: bool = False) -> FastAPI:
+               compiled: bool = False, rows_int8: int | None = None) -> FastAPI:
     """The FastAPI app; app.state.engine is its EngineThread, started and stopped with the app (its lifespan).
     api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
     max_concurrent: requests in flight at once; more get 429 (None: no cap).
     kv_cache: "contiguous" (continuous batching on the model as given) or "paged" (lesson 13: the course's
     own model on a paged pool of kv_blocks blocks, with prefix caching and preemption; token_budget=N reads
     prompts in chunks so that at most N tokens run per step, and prefix_caching=False turns prefix reuse off).
-    fmt, compiled: the course's own model in that weight format, decode steps compiled (engine_thread.fast_model)."""
+    fmt, compiled: the course's own model in that weight format, decode steps compiled (engine_thread.fast_model);
+    rows_int8: with fmt="int4", the int8 copy for calls of that many rows or more (runner.formats.Int4Linear)."""
     if kv_cache not in KV_CACHES:
         raise ValueError(f"kv_cache must be one of {KV_CACHES}, got {kv_cache!r}")
-    model = fast_model(model, fmt, compiled, kv_cache)
+    model = fast_model(model, fmt, compiled, kv_cache, rows_int8)
     make_batch = None
     if kv_cache == "paged":
         model, make_batch = paged_engine(model, max_batch, kv_blocks, token_budget, prefix_caching)

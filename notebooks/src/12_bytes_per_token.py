@@ -348,6 +348,47 @@ plt.show()
 # prefill, the reverse of their decode order. A loaded machine can reorder close timings: rerun the cell
 # before you draw a conclusion from a gap of a few percent.
 #
+# ### Why the 4-bit kernel stays below the roof: it pays for every row
+#
+# A batch of decode rows meets the same wall as a prompt. Time one 4-bit matrix (layer 0's `gate_up`) called
+# with 1 to 64 rows at once, and beside it a second kernel on the same weights: an int8 copy of them, each row
+# of activations rounded to 8 bits with its own minimum and maximum, multiplied with integer dot products
+# (`torch._int_mm`; `formats.int8_rows_product` writes the algebra out). The dotted line is what a kernel
+# costs if every row were as dear as the first.
+
+# %%
+from course_lib.measure.fast_path import rows_cost
+from course_lib.views.plots_perf import plot_rows_cost
+
+if formats.int_mm_available():
+    rows_model = formats.convert(ours, "int4", rows_int8=formats.ROWS_INT8)  # the int8 copy from that many rows
+    cost = rows_cost(models["int4"].layers[0].gate_up, rows_model.layers[0].gate_up)
+    for r, a, b in zip(cost["rows"], cost["int4_us"], cost["int8_us"]):
+        print(f"{r:>3} rows: 4-bit kernel {a:7.0f} us ({a / cost['int4_us'][0]:5.1f}x one row), "
+              f"int8 copy {b:7.0f} us ({b / cost['int8_us'][0]:5.1f}x)")
+    plot_rows_cost(cost)
+    plt.show()
+    t = time_it(lambda: prefill(rows_model, long_prompt), repeats=3)
+    rows_ppl = perplexity(rows_model, text_ids)
+    print(f"prefill of {len(long_prompt)} tokens with the int8 copy: {1000 * t.best:.1f} ms against int4's "
+          f"{prefill_ms['int4']:.1f} | perplexity {rows_ppl:.3f} against int4's {ppl['int4']:.3f} "
+          f"({rows_ppl / ppl['int4'] - 1:+.2%}) | the copy's bytes: "
+          f"{sum(layer.gate_up.int8_nbytes + layer.down.int8_nbytes + layer.qkv.int8_nbytes + layer.o.int8_nbytes for layer in rows_model.layers) / 1e6:.0f} MB more")
+else:
+    print("torch._int_mm is missing or inexact here: formats.int_mm_available() says so, and the int4 format "
+          "keeps its one kernel")
+
+# %% [markdown]
+# Read the ratios, not the microseconds. On the course's machine the 4-bit kernel's cost grows with the rows
+# (it unpacks the weights again for every few rows), while the integer product's hardly moves until the rows
+# are many; past a handful of rows the copy is the faster kernel, and a prompt's prefill gains several times.
+# Three costs come with it, all printed above or measured in the bench: the copy holds a byte per weight
+# more; the activations are rounded too, which moves perplexity (rounding each row around zero instead of
+# between its own minimum and maximum cost several times more); and one matrix called in a loop stays in the
+# CPU's cache, while a decode step reads the whole model from memory, where the copy's extra bytes count
+# (`python -m course_lib bench --only engine` measures whole steps of 1 to 8 rows with and without it, under
+# `batch_scaling.rows_int8`). The course builds it only when asked: `convert(ours, "int4", rows_int8=...)`.
+#
 # ## 7. Against llama.cpp on the same file
 #
 # What a CPU user would run instead of this engine is llama.cpp, on the very same GGUF file. It is a C++
