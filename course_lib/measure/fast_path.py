@@ -69,11 +69,9 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
            "why_not": "" if compile else (why or "not asked (--quick)"),
            **_scaling(model, batches, context, steps, capacity, compile)}
     if rows_model is not None:
-        from ..runner.formats import Int4Linear
+        from ..runner.formats import int8_copy_bytes
         from .quality import perplexity
-        linears = [part for layer in rows_model.layers for part in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        out["rows_int8"] = {"rows_from": min(lin.rows_int8 for lin in linears if isinstance(lin, Int4Linear)),
-                            "int8_bytes": sum(getattr(lin, "int8_nbytes", 0) for lin in linears),
+        out["rows_int8"] = {"rows_from": rows_model.layers[0].qkv.rows_int8, "int8_bytes": int8_copy_bytes(rows_model),
                             **_scaling(rows_model, batches, context, steps, capacity, compile)}
         if text:
             out["rows_int8"] |= {"text_tokens": len(text), "perplexity_int4": perplexity(model, text),

@@ -189,10 +189,10 @@ class Int8DynamicLinear:
 class Int4Linear:
     """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel. rows_int8=R also
     keeps an int8 copy of the same weights (one scale per output) for calls of R rows or more: torch's 4-bit
-    kernel costs about 3.6 times as much for 8 rows as for one (it dequantizes for every row), its integer product
-    about the same for 1 to 16 rows (`int8_rows_product`); the copy costs a byte per weight more memory, and its
+    kernel costs about 3.7 times as much for 8 rows as for one (it unpacks the weights again for every few rows),
+    the integer product 1.4 times (`int8_rows_product`); the copy costs a byte per weight more memory, and its
     numbers differ from the 4-bit kernel's (the weights rounded again to 256 levels per output, the activations
-    to 256 levels per row: perplexity 0.6% higher, see int8_rows_product)."""
+    to 256 levels per row: perplexity 0.3-0.6% higher, see int8_rows_product)."""
     format = "int4"
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP, rows_int8: int | None = None):
@@ -238,6 +238,12 @@ class Int4Linear:
     @property
     def int8_nbytes(self) -> int:
         return 0 if self.int8 is None else self.int8[0].numel() + self.int8[1].numel() * 8
+
+
+def int8_copy_bytes(model: Model) -> int:
+    """The bytes of the 4-bit layers' int8 copies (Int4Linear's rows_int8): 0 for a model built without them."""
+    return sum(getattr(part, "int8_nbytes", 0) for layer in model.layers for part in (layer.qkv, layer.o,
+                                                                                       layer.gate_up, layer.down))
 
 
 def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype, rows_int8: int | None = None):

@@ -373,7 +373,7 @@ if formats.int_mm_available():
     print(f"prefill of {len(long_prompt)} tokens with the int8 copy: {1000 * t.best:.1f} ms against int4's "
           f"{prefill_ms['int4']:.1f} | perplexity {rows_ppl:.3f} against int4's {ppl['int4']:.3f} "
           f"({rows_ppl / ppl['int4'] - 1:+.2%}) | the copy's bytes: "
-          f"{sum(layer.gate_up.int8_nbytes + layer.down.int8_nbytes + layer.qkv.int8_nbytes + layer.o.int8_nbytes for layer in rows_model.layers) / 1e6:.0f} MB more")
+          f"{formats.int8_copy_bytes(rows_model) / 1e6:.0f} MB more")
 else:
     print("torch._int_mm is missing or inexact here: formats.int_mm_available() says so, and the int4 format "
           "keeps its one kernel")
@@ -381,10 +381,10 @@ else:
 # %% [markdown]
 # Read the ratios, not the microseconds. On the course's machine the 4-bit kernel's cost grows with the rows
 # (it unpacks the weights again for every few rows), while the integer product's hardly moves until the rows
-# are many; past a handful of rows the copy is the faster kernel, and a prompt's prefill gains several times.
+# are many; past a handful of rows the copy is the faster kernel, and the prompt's prefill above ran faster with it.
 # Three costs come with it, all printed above or measured in the bench: the copy holds a byte per weight
-# more; the activations are rounded too, which moves perplexity (rounding each row around zero instead of
-# between its own minimum and maximum cost several times more); and one matrix called in a loop stays in the
+# more; the activations are rounded too, which moves perplexity (`formats.int8_rows_product`'s note says what
+# rounding each row around zero instead would cost); and one matrix called in a loop stays in the
 # CPU's cache, while a decode step reads the whole model from memory, where the copy's extra bytes count
 # (`python -m course_lib bench --only engine` measures whole steps of 1 to 8 rows with and without it, under
 # `batch_scaling.rows_int8`). The course builds it only when asked: `convert(ours, "int4", rows_int8=...)`.
