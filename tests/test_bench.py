@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from course_lib.measure.bench import SECTIONS, format_report, parse_only, run, targets
-from course_lib.runner import formats
+from course_lib.runner import formats, q4_kernel
 
 
 def test_quick_benchmark_reports_every_target(model, tokenizer):
@@ -63,6 +63,13 @@ def test_engine_section_reports_its_keys(model, tokenizer):
         # its perplexity is a rounding of the 4-bit kernel's, not something else (on quick mode's 64 tokens a few
         # percent either way; on the 42-token story 75 against 85 on 2026-12-05; a scale left out gives thousands)
         assert rows["perplexity_rows_int8"] == pytest.approx(rows["perplexity_int4"], rel=0.3)
+    # the course's own kernel (int4-q8): the same two measurements, the reason where it could not run, perplexity
+    q8, q8_generate = scaling["int4_q8"], engine["compiled_generate"]["int4_q8"]
+    assert q8["course_kernel"] is (q4_kernel.available()[0]) and q8["why_not_kernel"] == q4_kernel.available()[1]
+    assert set(q8["eager"]) == {1, 2} and q8_generate["eager_tokens_per_s"] > 0 and q8_generate["new_tokens"] == 8
+    assert q8["perplexity_int4_q8"] == pytest.approx(q8["perplexity_int4"], rel=0.3)
+    if formats.int_mm_available():  # the same int4 model on the same text
+        assert q8["perplexity_int4"] == pytest.approx(scaling["rows_int8"]["perplexity_int4"], rel=1e-6)
 
 
 def test_only_names_known_sections():

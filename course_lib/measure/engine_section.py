@@ -55,6 +55,8 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     scaling = batch_scaling(fast, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,
                             compile=not quick, rows_model=rows_model,
                             text=long_text_ids(tokenizer, 64 if quick else 512))  # lesson 12's perplexity text
+    if fast is not ours:  # the course's own kernel (runner/q4_kernel.py): the same two measurements, and perplexity
+        fast_generate["int4_q8"], scaling["int4_q8"] = _course_kernel(ours, fast, tokenizer, story, quick)
     return {"ops_per_step": anatomy, "compiled": compiled, "compiled_generate": fast_generate, "batch_scaling": scaling, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
@@ -62,6 +64,24 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
             "weight_bytes": weights, "bandwidth_bytes_per_s": weights * r["tokens_per_s"],
             "layouts": layouts, "several_rows_kernels": kernels, "rows_step_ms": rows_gap * 1000, "built_step_ms": built_gap * 1000,
             "layout_speedup": rows_gap / built_gap}
+
+
+def _course_kernel(ours, int4, tokenizer, story, quick: bool) -> tuple[dict, dict]:
+    """The int4-q8 format (the course's kernel where it runs, else torch's with the reason): compiled_generate and
+    batch_scaling as for int4, plus the perplexity of lesson 12's text through both formats."""
+    from ..engine.long_context import long_text_ids
+    from ..runner.formats import convert
+    from .fast_path import batch_scaling, compiled_generate
+    from .quality import perplexity
+    q8 = convert(ours, "int4-q8")
+    text = long_text_ids(tokenizer, 64 if quick else 512)
+    kernel = {"course_kernel": q8.layers[0].qkv.q4 is not None, "why_not_kernel": q8.layers[0].qkv.why_not}
+    generated = compiled_generate(q8, tokenizer, story, 8 if quick else 128, repeats=1 if quick else 3,
+                                  compile=not quick)
+    scaling = batch_scaling(q8, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,
+                            compile=not quick)
+    return kernel | generated, kernel | scaling | {"text_tokens": len(text), "perplexity_int4": perplexity(int4, text),
+                                                   "perplexity_int4_q8": perplexity(q8, text)}
 
 
 def _targets(result: dict) -> list:
@@ -82,6 +102,12 @@ def _targets(result: dict) -> list:
         if rows:
             eight = {str(k): v for k, v in rows["compiled_scaling"].items()}["8"]
             out.append((f"engine: the same, int8 copy from {rows['rows_from']} rows (compiled)", f"{eight:.2f}x",
+                        eight >= 4.0))
+    q8 = (b or {}).get("int4_q8")
+    if q8 and "8" in {str(k) for k in q8["eager_scaling"]}:
+        for side in ("eager", "compiled") if q8["ran_compiled"] else ("eager",):
+            eight = {str(k): v for k, v in q8[f"{side}_scaling"].items()}["8"]
+            out.append((f"engine: 8 rows give at least 4x one row's tokens/s (int4-q8, {side})", f"{eight:.2f}x",
                         eight >= 4.0))
     return out
 
@@ -117,8 +143,14 @@ def _report(result: dict) -> list:
                      f"{g['eager_tokens_per_s']:.1f} tok/s, compiled {g['compiled_tokens_per_s']:.1f} "
                      f"({g['speedup']:.2f}x; {g['capacity']}-column bucket compiled in {g['compile_s']:.0f} s; same "
                      f"tokens: {g['same_tokens']})" + ("" if g["compiled"] else f"; not compiled: {g['why_not']}"))
+    q8 = (g or {}).get("int4_q8")
+    if q8:
+        lines.append(f"engine generate, int4-q8 ({'the course' if q8['course_kernel'] else 'torch'}'s kernel): eager "
+                     f"{q8['eager_tokens_per_s']:.1f} tok/s ({q8['eager_tokens_per_s'] / g['eager_tokens_per_s']:.2f}x "
+                     f"int4's), compiled {q8['compiled_tokens_per_s']:.1f} (same tokens: {q8['same_tokens']})")
     b = e.get("batch_scaling")
-    for name, rows in (("", b), (" int8 copy from {rows_from} rows", (b or {}).get("rows_int8"))):
+    for name, rows in (("", b), (" int8 copy from {rows_from} rows", (b or {}).get("rows_int8")),
+                       (" int4-q8", (b or {}).get("int4_q8"))):
         for side in ("eager", "compiled") if rows else ():
             lines.append(f"engine batch scaling{name.format(**rows)}, {side} ({b['threads']} thread(s), "
                          f"{b['context']}-token cache): "
@@ -128,6 +160,10 @@ def _report(result: dict) -> list:
         r = b["rows_int8"]
         lines.append(f"engine int8 copy: perplexity over {r['text_tokens']} tokens {r['perplexity_rows_int8']:.3f} "
                      f"against the 4-bit kernel's {r['perplexity_int4']:.3f}; {r['int8_bytes'] / 1e6:.0f} MB more")
+    if b and "int4_q8" in b:
+        r = b["int4_q8"]
+        lines.append(f"engine int4-q8: perplexity over {r['text_tokens']} tokens {r['perplexity_int4_q8']:.3f} against "
+                     f"int4's {r['perplexity_int4']:.3f}" + ("" if r["course_kernel"] else f"; {r['why_not_kernel']}"))
     return lines
 
 

@@ -5,15 +5,15 @@ What it does: quantizes weight matrices (int8 with one scale per output channel;
 linear layer that `model.Model` calls like its float one: `CastInt8Linear` (int8 weights cast back to
 float, then an ordinary product: the trap), `Int8Linear` (torch's fused `_weight_int8pack_mm`),
 `Int8DynamicLinear` (int8 weights times activations rounded to 8 bits per row, oneDNN's integer product: the
-int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`). `convert(model, name)`
+int4 format's output head) and `Int4Linear` (torch's `_weight_int4pack_mm_for_cpu`; with q8=True the course's own
+kernel, runner/q4_kernel.py: the "int4-q8" format, activations rounded to 8 bits per block of 32). `convert(model, name)`
 returns the model in one of `FORMATS`, sharing what it can with the float32 one; the loop, batching and the
 server run it as any model. (What the formats cost and keep is measured apart: measure/memory.py for bandwidth,
 measure/quality.py for agreement and perplexity.)
 Note: the course's float32 weights ARE the file's 4-bit values, dequantized; quantizing them again
 with min/max per block of 32 gives those very blocks back (tests/test_formats.py checks it against
 the file), so the 4-bit formats lose nothing but rounding.
-What it does not do: calibrate, quantize activations (except the int4 format's head, per row at each call) or
-the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU (both are CPU kernels; CUDA gets float32,
+What it does not do: calibrate, quantize activations (except int4-q8's and the int4 format's head) or the KV cache, or run the 4-bit kernel or the int8 x int8 head on a GPU (both are CPU kernels; CUDA gets float32,
 bfloat16 and int8-cast).
 Note: the fused kernels are torch's private operators (`torch._weight_int8pack_mm`,
 `torch._weight_int4pack_mm_for_cpu`, `torch._convert_weight_to_int4pack_for_cpu`, `torch.ops.onednn.qlinear_*`):
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import Linear, Model
+from . import q4_kernel
 from .rows_kernel import ROWS_INT8, int8_rows_product, int_mm_available  # noqa: F401 - part of this API
 
 
@@ -58,6 +59,7 @@ FORMATS = {
     "int8": (torch.bfloat16, "int8", "int8"),
     "int4-float32": (torch.float32, "int4", "float"),
     "int4": (torch.bfloat16, "int4", INT4_HEAD),
+    "int4-q8": (torch.float32, "int4-q8", "q8"),  # the course's kernel (q4_kernel), 8-bit activations
 }
 GROUP = 32  # the file's Q4_1 block: 32 weights share a scale and a minimum
 
@@ -187,31 +189,37 @@ class Int8DynamicLinear:
 
 
 class Int4Linear:
-    """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel. rows_int8=R also
-    keeps an int8 copy of the same weights (one scale per output) for calls of R rows or more: torch's 4-bit
-    kernel costs about 3.7 times as much for 8 rows as for one (it unpacks the weights again for every few rows),
-    the integer product 1.4 times (`int8_rows_product`); the copy costs a byte per weight more memory, and its
-    numbers differ from the 4-bit kernel's (the weights rounded again to 256 levels per output, the activations
-    to 256 levels per row: perplexity 0.3-0.6% higher, see int8_rows_product)."""
-    format = "int4"
+    """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel, or with q8=True for
+    the course's (q4_kernel). rows_int8=R also keeps an int8 copy (one scale per output) for calls of R rows or more:
+    torch's 4-bit kernel costs about 3.7 times as much for 8 rows as for one, the integer product 1.4 times
+    (`int8_rows_product`); the copy costs a byte per weight more memory and 0.3-0.6% perplexity."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP, rows_int8: int | None = None):
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP, rows_int8: int | None = None,
+                 q8: bool = False):
         if weight.device.type != "cpu":
             raise ValueError("the 4-bit kernel used here (torch._weight_int4pack_mm_for_cpu) runs on the CPU only; "
                              "on a GPU use 'bfloat16' or 'int8-cast'")
         q, scale, low = quantize_int4(weight, group)
         self.group, self.out_features, self.in_features = group, weight.shape[0], weight.shape[1]
-        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8: two weights per byte
-        # subtle: the kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale
-        self.scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        # q8: the course's kernel (q4_kernel: activations rounded to 8 bits per block of 32, integer dot products)
+        self.q4, self.why_not = None, q4_kernel.why_unusable(self.out_features, self.in_features, group) if q8 else ""
+        self.format = "int4-q8" if q8 else "int4"
+        if self.why_not:
+            q4_kernel.say_once(f"int4-q8 runs torch's 4-bit kernel instead: {self.why_not}")
+        elif q8:
+            self.q4 = q4_kernel.pack(q, scale, low)  # (N/8, K/32, 160) uint8: the file's 20 bytes per 32 weights
+        if self.q4 is None:
+            self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)  # (N, K/2) uint8: two weights per byte
+            # subtle: the kernel computes (q - 8) * scale + zero, so zero = minimum + 8 * scale
+            self.scales_zeros = torch.stack([scale, low + 8 * scale], dim=-1).transpose(0, 1).contiguous().to(dtype)
         self.blocks, self.rows_int8, self.int8 = None, rows_int8, None
         if rows_int8:
             if not int_mm_available():
                 raise RuntimeError("torch's int8 x int8 product (torch._int_mm) is missing or inexact here: build the "
                                    "int4 format without rows_int8")
-            q8, scale8 = quantize_int8(dequantize_int4(q, scale, low, group))  # (N, K) int8, (N,) float32
-            self.int8 = (q8, scale8, q8.float().sum(dim=1))
-        if dtype == torch.float32:
+            w8, scale8 = quantize_int8(dequantize_int4(q, scale, low, group))  # (N, K) int8, (N,) float32
+            self.int8 = (w8, scale8, w8.float().sum(dim=1))
+        if dtype == torch.float32 and self.q4 is None:
             # note: with float32 activations the fused kernel costs about 1.5 ms per row for a 1536 x 576 matrix,
             # fine for one decode row, ruinous for a prefill of hundreds. For several rows we dequantize the
             # same 4-bit numbers to a float matrix and use the ordinary product (what engines do for prefill).
@@ -221,6 +229,8 @@ class Int4Linear:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # (B*T, K)
         if self.int8 is not None and flat.shape[0] >= self.rows_int8:
             out = int8_rows_product(flat, *self.int8).to(x.dtype)
+        elif self.q4 is not None:
+            out = q4_kernel.product(flat, self.q4)
         elif self.blocks is not None and flat.shape[0] > 1:
             nibbles, scale, low = self.blocks
             q = torch.stack([nibbles & 0xF, nibbles >> 4], dim=-1).reshape(nibbles.shape[0], -1)  # (N, K)
@@ -233,6 +243,8 @@ class Int4Linear:
     def nbytes(self) -> int:
         """The 4-bit weights and their scales: what a call of fewer than rows_int8 rows reads (the int8 copy apart,
         in int8_nbytes)."""
+        if self.q4 is not None:
+            return self.q4.numel()
         return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     @property
@@ -255,8 +267,10 @@ def make_linear(weight: torch.Tensor, kind: str, dtype: torch.dtype, rows_int8: 
         return CastInt8Linear(weight)
     if kind == "int8":
         return Int8Linear(weight, dtype)
-    if kind == "int4":
-        return Int4Linear(weight, dtype, rows_int8=rows_int8)
+    if kind in ("int4", "int4-q8"):
+        return Int4Linear(weight, dtype, rows_int8=rows_int8, q8=kind == "int4-q8")
+    if kind == "q8":  # int4-q8's head; where the course's kernel cannot run (its layers say why), int4's head
+        return make_linear(weight, INT4_HEAD, dtype) if q4_kernel.why_unusable(*weight.shape) else q4_kernel.Q8Linear(weight)
     if kind == "int8-dynamic":
         return Int8DynamicLinear(weight, dtype)
     raise ValueError(f"unknown linear kind {kind!r}")
@@ -273,7 +287,7 @@ def convert(model: Model, name: str, head: str | None = None, rows_int8: int | N
         raise ValueError("convert() starts from the float32 model (Model.from_transformers(model) in float32)")
     dtype, kind, head_kind = FORMATS[name]
     head_kind = head or head_kind
-    if rows_int8 is not None and kind != "int4":
+    if rows_int8 is not None and not kind.startswith("int4"):
         raise ValueError(f"rows_int8 is for the 4-bit formats, not {name!r}")
     weight = lambda linear: linear.weight  # noqa: E731 - every layer of a float32 model is a Linear
     layers = [replace(layer, attn_norm=layer.attn_norm.to(dtype), mlp_norm=layer.mlp_norm.to(dtype),
