@@ -23,8 +23,9 @@ def main(argv=None) -> int:
     parser.add_argument("--host", default="127.0.0.1",
                         help="room: the address to listen on (0.0.0.0: every network of this machine; a key is made)")
     parser.add_argument("--port", type=int, default=8000, help="room: the port (default 8000)")
-    parser.add_argument("--fmt", choices=["float32", "int4"], default="float32",
-                        help="room: float32 gives the lessons' own tokens; int4 reads fewer bytes per token")
+    parser.add_argument("--fmt", choices=["float32", "int4", "int4-q8"], default="float32",
+                        help="room: float32 gives the lessons' own tokens; int4 reads fewer bytes per token; int4-q8 "
+                             "the same bytes through the course's own kernel (C++, built on first use)")
     parser.add_argument("--max-concurrent", type=int, default=32, help="room: requests in flight at once (more get 429)")
     args = parser.parse_args(argv)
     if args.command == "room":

@@ -112,17 +112,20 @@ def _row(B: int, seconds: list[float]) -> dict:
             "tokens_per_s": 1000 * B / ms}
 
 
-def rows_cost(plain, with_int8, rows=(1, 2, 4, 8, 16, 64), repeats: int = 30) -> dict:
+def rows_cost(plain, with_int8, rows=(1, 2, 4, 8, 16, 64), repeats: int = 30, course=None) -> dict:
     """Microseconds per call of one 4-bit layer (formats.Int4Linear) for R rows of bfloat16 activations: through
     torch's 4-bit kernel (`plain`) and through the int8 copy's integer product (`with_int8`, built with
     rows_int8; called at every R, whatever its threshold), the median of `repeats` calls after a warm-up. One
     matrix called again and again stays in the CPU's cache: this is the kernels' arithmetic, not a decode step's
-    reading of the whole model (batch_scaling measures that)."""
+    reading of the whole model (batch_scaling measures that). course: the same layer in the int4-q8 format (the
+    course's kernel, runner/q4_kernel.py), timed the same way under "course_us"."""
     from ..runner.formats import int8_rows_product
-    out = {"rows": list(rows), "int4_us": [], "int8_us": []}
+    out = {"rows": list(rows), "int4_us": [], "int8_us": []} | ({"course_us": []} if course is not None else {})
     for R in rows:
         x = torch.randn(R, plain.in_features, dtype=torch.bfloat16)
-        for key, call in (("int4_us", lambda: plain(x)), ("int8_us", lambda: int8_rows_product(x, *with_int8.int8))):
+        calls = (("int4_us", lambda: plain(x)), ("int8_us", lambda: int8_rows_product(x, *with_int8.int8)),
+                 ("course_us", lambda: course(x)))
+        for key, call in calls[:3 if course is not None else 2]:
             call()
             seconds = []
             for _ in range(repeats):

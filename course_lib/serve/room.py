@@ -5,8 +5,8 @@ starts the learner's own server on loopback, as before; with it set (and COURSE_
 server printed) it checks that the room's server answers and accepts the key, and returns a handle to it whose
 `stop()` leaves it running for the others. `room_server` is what `python -m course_lib room` runs on the
 instructor's machine: the paged cache (lesson 13, prefix caching: the room's shared system prompts are read
-once), a cap on requests in flight, an API key, in float32 (the lessons' tokens) or int4 (lesson 12: fewer bytes
-per token, other tokens).
+once), a cap on requests in flight, an API key, in float32 (the lessons' tokens), int4 or int4-q8 (lesson 12: fewer bytes
+per token, other tokens; int4-q8 through the course's own kernel).
 What it does not do: run the compiled step (the server's engine is eager), share one learner's kernel with
 another (each notebook still loads its own model for its other sections), or reach beyond loopback unless the
 instructor asks for it.
@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 from .openai_api import bearer_headers
 
 ROOM_URL, ROOM_KEY = "COURSE_SERVER_URL", "COURSE_SERVER_KEY"
-ROOM_FORMATS = ("float32", "int4")
+ROOM_FORMATS = ("float32", "int4", "int4-q8")
 ROOM_DEFAULTS = {"kv_cache": "paged", "max_batch": 16, "max_tokens_cap": 256, "token_budget": 256}
 
 
@@ -100,7 +100,7 @@ def room_server(model, tokenizer, port: int, host: str = "127.0.0.1", fmt: str =
     if fmt not in ROOM_FORMATS:
         raise ValueError(f"the room's server runs in one of {ROOM_FORMATS}, not {fmt!r}")
     ours = model if isinstance(model, Model) else Model.from_transformers(model, dtype=torch.float32)
-    if fmt == "int4":
-        ours = convert(ours, "int4")
+    if fmt != "float32":
+        ours = convert(ours, fmt)
     return start_server(ours, tokenizer, port, host, allow_network=host not in LOOPBACK, api_key=api_key,
                         max_concurrent=max_concurrent, **{**ROOM_DEFAULTS, **options})

@@ -407,13 +407,14 @@ def plot_paired_ratios(record: dict, ax=None, title: str = "The course's decode 
 
 
 def plot_rows_cost(cost: dict, ax=None, title: str = "One 4-bit layer: cost per call against rows"):
-    """measure.fast_path.rows_cost's two curves: microseconds per call against the rows in the call, log-log, with
+    """measure.fast_path.rows_cost's curves (two, or three with the course's kernel): microseconds per call against the rows in the call, log-log, with
     the line a kernel would follow if each row cost as much as one."""
     ax = axes_or_new(ax, (6, 3))
     rows = cost["rows"]
-    for i, (key, label) in enumerate((("int4_us", "4-bit kernel (torch)"), ("int8_us", "int8 copy, integer product")),
-                                     start=0):
-        ax.plot(rows, cost[key], "o-", color=PALETTE[i], label=label)
+    for i, (key, label) in enumerate((("int4_us", "4-bit kernel (torch)"), ("int8_us", "int8 copy, integer product"),
+                                      ("course_us", "the course's 4-bit kernel (int4-q8)"))):
+        if key in cost:
+            ax.plot(rows, cost[key], "o-", color=PALETTE[i], label=label)
     ax.plot(rows, [cost["int4_us"][0] * r / rows[0] for r in rows], ":", color="grey",
             label="4-bit, each row as dear as one")
     ax.set_xscale("log", base=2)

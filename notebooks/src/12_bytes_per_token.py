@@ -139,7 +139,7 @@ for name in ["float32", "int8-cast", "int8"]:
 # cost, a format's step would take its bytes divided by that rate: the dashed line.
 
 # %%
-for name in ["bfloat16", "int4-float32", "int4"]:
+for name in ["bfloat16", "int4-float32", "int4", "int4-q8"]:
     our_step_seconds(models[name], tokenizer, prompt, 2)
     step_runs[name] = [1000 * s for s in our_step_seconds(models[name], tokenizer, prompt, 12)]
     step_ms[name] = median(step_runs[name])
@@ -185,7 +185,7 @@ from course_lib.engine.long_context import long_text_ids
 
 text_ids = long_text_ids(tokenizer, 512)
 ppl = {}
-for n in ["float32", "bfloat16", "int8", "int4"]:
+for n in ["float32", "bfloat16", "int8", "int4", "int4-q8"]:
     ppl[n] = perplexity(models[n], text_ids)
     print(f"{n:<9} perplexity {ppl[n]:6.3f} on {len(text_ids)} tokens   ({ppl[n] / ppl['float32'] - 1:+.2%} against float32)")
 
@@ -362,10 +362,16 @@ from course_lib.views.plots_perf import plot_rows_cost
 
 if formats.int_mm_available():
     rows_model = formats.convert(ours, "int4", rows_int8=formats.ROWS_INT8)  # the int8 copy from that many rows
-    cost = rows_cost(models["int4"].layers[0].gate_up, rows_model.layers[0].gate_up)
-    for r, a, b in zip(cost["rows"], cost["int4_us"], cost["int8_us"]):
+    course = models["int4-q8"].layers[0].gate_up  # the course's own kernel, where it runs here
+    cost = rows_cost(models["int4"].layers[0].gate_up, rows_model.layers[0].gate_up,
+                     course=course if course.q4 is not None else None)
+    for i, (r, a, b) in enumerate(zip(cost["rows"], cost["int4_us"], cost["int8_us"])):
+        c = cost.get("course_us", [])
         print(f"{r:>3} rows: 4-bit kernel {a:7.0f} us ({a / cost['int4_us'][0]:5.1f}x one row), "
-              f"int8 copy {b:7.0f} us ({b / cost['int8_us'][0]:5.1f}x)")
+              f"int8 copy {b:7.0f} us ({b / cost['int8_us'][0]:5.1f}x)"
+              + (f", the course's kernel {c[i]:6.0f} us ({c[i] / c[0]:4.1f}x)" if c else ""))
+    if course.q4 is None:
+        print("the course's kernel does not run here:", course.why_not)
     plot_rows_cost(cost)
     plt.show()
     t = time_it(lambda: prefill(rows_model, long_prompt), repeats=3)
@@ -379,15 +385,35 @@ else:
           "keeps its one kernel")
 
 # %% [markdown]
-# Read the ratios, not the microseconds. On the course's machine the 4-bit kernel's cost grows with the rows
-# (it unpacks the weights again for every few rows), while the integer product's hardly moves until the rows
-# are many; past a handful of rows the copy is the faster kernel, and the prompt's prefill above ran faster with it.
-# Three costs come with it, all printed above or measured in the bench: the copy holds a byte per weight
+# Read the ratios, not the microseconds. The 4-bit kernel's cost grows with the rows (it unpacks the weights
+# again for every few rows). The integer product's depends on the CPU: on the course's machine with VNNI
+# instructions (AVX-512 integer dot products, 2026-12-05) it hardly moved until the rows were many, so past a
+# handful of rows the copy was the faster kernel and the prompt's prefill ran faster with it; on a CPU without
+# them (AVX2 only), torch's integer product took longer than the 4-bit kernel at every row count, and the prefill
+# with the copy was many times slower. Your lines above say which CPU this is. Three costs come with it, all printed above or measured in the bench: the copy holds a byte per weight
 # more; the activations are rounded too, which moves perplexity (`formats.int8_rows_product`'s note says what
 # rounding each row around zero instead would cost); and one matrix called in a loop stays in the
 # CPU's cache, while a decode step reads the whole model from memory, where the copy's extra bytes count
 # (`python -m course_lib bench --only engine` measures whole steps of 1 to 8 rows with and without it, under
 # `batch_scaling.rows_int8`). The course builds it only when asked: `convert(ours, "int4", rows_int8=...)`.
+#
+# ### A kernel of our own: 4-bit weights times 8-bit activations
+#
+# The third curve, where this machine can run it, is the course's own kernel (`runner/q4_kernel.py`: a short
+# C++ source the course compiles the first time a model is converted to `int4-q8`). It does what llama.cpp does
+# on a CPU. Each block of 32 activations is rounded to 8 bits, its largest magnitude becoming 127, with one
+# float scale per block. The weights stay the file's 4-bit numbers with their float16 scale and minimum, laid
+# out in tiles of 8 outputs, so that one register holds 4 consecutive weights of each of 8 outputs. One
+# instruction (`maddubs`) then multiplies 32 pairs of small integers and adds them in pairs; each block's
+# scales are applied once, in float: the sum over a block of (d q + m) times (a q') is d a (sum of q q') plus
+# m a (sum of q'). A tile's weights are unpacked once for up to 4 rows of activations, but every row still pays
+# for its own multiplications: read its ratio column, which grows with the rows even where its first row is
+# the cheapest of the three kernels.
+#
+# What it costs: the activations are rounded, so compare `int4-q8` with `int4` in section 5's perplexity lines;
+# its head is the file's 8-bit embedding, read by the same kernel. What it needs: an x86 CPU with AVX2 and a
+# C++ compiler; where either is missing, the format runs torch's kernel and prints why. Then read section 4's
+# table again: `int4` and `int4-q8` read nearly the same bytes, so any gap between their steps is the kernel.
 #
 # ## 7. Against llama.cpp on the same file
 #
@@ -411,8 +437,10 @@ if record:
     print("\n".join(sitting_lines({r.name: json.loads(r.read_text()) for r in records})))
 else:
     print("no committed record: run scripts/peers_cpu.py (it needs llama-cpp-python in some environment)")
-yours = bare_decode(models["int4"], prompt, 32)
-print(f"yours, int4, this run ({torch.get_num_threads()} thread(s), bare loop): decode {yours['tokens_per_s']:.1f} tok/s")
+for name in ["int4", "int4-q8"]:
+    yours = bare_decode(models[name], prompt, 32)
+    print(f"yours, {name}, this run ({torch.get_num_threads()} thread(s), bare loop): decode "
+          f"{yours['tokens_per_s']:.1f} tok/s")
 if peers_llama.llama_cpp_available():
     from course_lib.loading import gguf_path
     llm = peers_llama.open_llama(gguf_path(), torch.get_num_threads(), n_ctx=len(prompt) + 40)
@@ -524,17 +552,20 @@ else:
 # text, so that the layer's outputs, not its weights, stay close (GPTQ corrects the error column by column;
 # AWQ scales the channels that large activations pass through before rounding; llama.cpp's "importance
 # matrix" is a cousin); whether the file here was rounded with any of them cannot be read from its blocks.
-# *Quantized activations* (W8A8, FP8 on recent GPUs): the
-# activations are rounded too, so the matrix product itself runs in 8-bit arithmetic; it helps prefill, which
-# is arithmetic-bound (section 6), where weight-only formats like these help decode, which is bound by
-# reading.
+# *Quantized activations at scale* (W8A8, FP8 on recent GPUs): the activations are rounded too, as `int4-q8`
+# rounds them, but into weights of 8 bits and the GPU's or CPU's matrix units, so the whole product runs in
+# 8-bit arithmetic; it helps prefill, which is arithmetic-bound (section 6), where weight-only formats like
+# these help decode, which is bound by reading.
 #
 # ## Summary
 #
 # - The file on disk, the model in memory and the bytes read per token are three different numbers;
 #   decode speed follows the third.
 # - Fewer bytes per weight make decode faster only through a kernel that reads those bytes directly:
-#   casting int8 back to float first is slower than float32.
+#   casting int8 back to float first is slower than float32. And the kernel matters as much as the bytes:
+#   `int4` and `int4-q8` read the same 4-bit blocks, through torch's kernel and through the course's own
+#   (activations rounded to 8 bits per block, integer dot products); section 4 printed both steps, section 6
+#   both kernels' cost for 1 to 64 rows, section 5 what the rounding costs in perplexity.
 # - The course's float32 weights are the file's own 4-bit blocks, checked tensor by tensor against the file:
 #   the 4-bit formats reproduce the file's model, so agreement with float32 measures distance to the file,
 #   not quality. Quality is measured on text: perplexity on a page of a novel (section 5 printed each format's).
