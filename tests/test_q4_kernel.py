@@ -82,6 +82,10 @@ def test_the_int4_q8_layer_against_its_dequantized_weights_in_both_dtypes():
         assert got.dtype == dtype and float((got.float() - want).norm() / want.norm()) < 0.01
     with pytest.raises(ValueError, match="vectors of 576"):
         layer(torch.randn(1, 575))
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        q4_kernel.product(torch.randn(1, 576, device="meta"), layer.q4)  # any tensor not in the CPU's memory
+    with pytest.raises(ValueError, match="CPU only"):
+        q4_kernel.Q8Linear(torch.randn(16, 64, device="meta"))
 
 
 @needs_kernel

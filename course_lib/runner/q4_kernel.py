@@ -183,7 +183,7 @@ def why_not() -> str:
 
 @functools.cache
 def extension():
-    """The built kernel (a Python module with q4_product), compiled once into the course's cache folder."""
+    """The built kernel (a Python module with block_product), compiled once into the course's cache folder."""
     reason = why_not()
     if reason:
         raise RuntimeError(reason)
@@ -270,6 +270,8 @@ def product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     microseconds, and a decode step makes about 120 of these calls); inside torch.compile, the operator."""
     if x.shape[-1] != w.shape[1] * 32:  # note: the C++ check would say so too, naming no shape
         raise ValueError(f"this layer takes vectors of {w.shape[1] * 32}, got shape {tuple(x.shape)}")
+    if x.device.type != "cpu" or w.device.type != "cpu":  # note: the C++ reads the memory directly: a CPU kernel
+        raise ValueError(f"the course's 4-bit kernel runs on the CPU, not on {x.device.type}")
     if torch.compiler.is_compiling():
         return block_product(x, w)
     return extension().block_product(x, w)
@@ -281,6 +283,8 @@ class Q8Linear:
     format = "q8"
 
     def __init__(self, weight: torch.Tensor):
+        if weight.device.type != "cpu":
+            raise ValueError("the course's kernel runs on the CPU only; on a GPU use 'bfloat16' or 'int8-cast'")
         self.out_features, self.in_features = weight.shape
         self.w = pack_q8(weight)
 
