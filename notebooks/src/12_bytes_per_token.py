@@ -401,7 +401,7 @@ else:
 #
 # The third curve, where this machine can run it, is the course's own kernel (`runner/q4_kernel.py`: a short
 # C++ source the course compiles the first time a model is converted to `int4-q8`). It does what llama.cpp does
-# on a CPU. Each block of 32 activations is rounded to 8 bits, its largest magnitude becoming 127, with one
+# on a CPU. Each block of 32 activations is rounded to 8 bits, its largest magnitude becoming the top level, with one
 # float scale per block. The weights stay the file's 4-bit numbers with their float16 scale and minimum, laid
 # out in tiles of 8 outputs, so that one register holds 4 consecutive weights of each of 8 outputs. One
 # instruction (`maddubs`) then multiplies 32 pairs of small integers and adds them in pairs; each block's
