@@ -52,11 +52,12 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
     from ..runner.formats import ROWS_INT8, int_mm_available
     from ..engine.long_context import long_text_ids
     rows_model = convert(ours, "int4", rows_int8=ROWS_INT8) if fast is not ours and int_mm_available() else None
+    text = long_text_ids(tokenizer, 64 if quick else 512)  # lesson 12's perplexity text
     scaling = batch_scaling(fast, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,
-                            compile=not quick, rows_model=rows_model,
-                            text=long_text_ids(tokenizer, 64 if quick else 512))  # lesson 12's perplexity text
+                            compile=not quick, rows_model=rows_model, text=text)
     if fast is not ours:  # the course's own kernel (runner/q4_kernel.py): the same two measurements, and perplexity
-        fast_generate["int4_q8"], scaling["int4_q8"] = _course_kernel(ours, fast, tokenizer, story, quick)
+        fast_generate["int4_q8"], scaling["int4_q8"] = _course_kernel(ours, fast, tokenizer, story, text, quick,
+                                                                      scaling.get("rows_int8", {}).get("perplexity_int4"))
     return {"ops_per_step": anatomy, "compiled": compiled, "compiled_generate": fast_generate, "batch_scaling": scaling, "new_tokens": r["new_tokens"], "tokens_per_s": r["tokens_per_s"],
             "generate_tokens_per_s": r["generate_tokens_per_s"], "ratio": r["ratio"], "same_tokens": r["same_tokens"],
             "long_context_tokens": long["context"], "long_context_ms_per_token": long["ms_per_token"],
@@ -66,21 +67,21 @@ def engine_section(model, tokenizer, quick: bool = False) -> dict:
             "layout_speedup": rows_gap / built_gap}
 
 
-def _course_kernel(ours, int4, tokenizer, story, quick: bool) -> tuple[dict, dict]:
+def _course_kernel(ours, int4, tokenizer, story, text, quick: bool, int4_perplexity=None) -> tuple[dict, dict]:
     """The int4-q8 format (the course's kernel where it runs, else torch's with the reason): compiled_generate and
-    batch_scaling as for int4, plus the perplexity of lesson 12's text through both formats."""
-    from ..engine.long_context import long_text_ids
+    batch_scaling as for int4, plus the perplexity of `text` through both formats (int4's: the one the int8 copy's
+    measurement already took, where it did)."""
     from ..runner.formats import convert
     from .fast_path import batch_scaling, compiled_generate
     from .quality import perplexity
     q8 = convert(ours, "int4-q8")
-    text = long_text_ids(tokenizer, 64 if quick else 512)
     kernel = {"course_kernel": q8.layers[0].qkv.q4 is not None, "why_not_kernel": q8.layers[0].qkv.why_not}
     generated = compiled_generate(q8, tokenizer, story, 8 if quick else 128, repeats=1 if quick else 3,
                                   compile=not quick)
     scaling = batch_scaling(q8, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,
                             compile=not quick)
-    return kernel | generated, kernel | scaling | {"text_tokens": len(text), "perplexity_int4": perplexity(int4, text),
+    return kernel | generated, kernel | scaling | {"text_tokens": len(text),
+                                                   "perplexity_int4": int4_perplexity or perplexity(int4, text),
                                                    "perplexity_int4_q8": perplexity(q8, text)}
 
 
