@@ -80,6 +80,8 @@ def paired(argv: list[str]) -> int:
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
+    parser.add_argument("--course-fmt", default="int4", choices=("int4", "int4-q8"),
+                        help="the course's format on the 4-bit files (int4-q8: the course's own kernel)")
     parser.add_argument("--no-quality", action="store_true", help="skip the perplexities (they do not depend on "
                         "the context: a second sitting at another context can leave them to the first)")
     args = parser.parse_args(argv)
@@ -101,19 +103,21 @@ def paired(argv: list[str]) -> int:
     try:
         record = peers_protocol.sitting(files, tuple(int(t) for t in args.threads.split(",")), args.context,
                                         args.pairs, str(ids_file), args.llama_python,
-                                        save=lambda r: partial.write_text(json.dumps(r, indent=1)))
+                                        save=lambda r: partial.write_text(json.dumps(r, indent=1)),
+                                        four_bit=args.course_fmt)
         script = str(ROOT / "course_lib" / "measure" / "peers_llama.py")
         record["quality"] = {} if args.no_quality else {name: {
             "course_compiled": peers_protocol.run_child([sys.executable, __file__, "quality", "--gguf", path, "--threads",
                                                          "2", "--ids", str(ids_file), "--fmt",
-                                                         peers_protocol.course_format(name)], 2, timeout=1800),
+                                                         peers_protocol.course_format(name, args.course_fmt)], 2,
+                                                        timeout=1800),
             "llama.cpp": peers_protocol.run_child([args.llama_python, script, "perplexity", str(ids_file), path, "2"], 2)}
             for name, path in files.items()}
     finally:
         ids_file.unlink()
     record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
                   processor=_cpu_name(), files={name: Path(path).name for name, path in files.items()},
-                  inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
+                  course_fmt=args.course_fmt, inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
                           "perplexity_tokens": len(inputs["text"])})
     tag = "" if args.context == 1024 else f"-context{args.context}"  # the lesson reads the 1,024 record by its name
     out = Path(args.out) / f"peers-paired-cpu-{record['when'][:10]}{tag}.json"

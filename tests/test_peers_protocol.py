@@ -62,6 +62,9 @@ def test_cores_pins_the_first_ones_and_refuses_too_many():
 
 def test_trial_commands_match_the_file_format():
     assert pp.course_format("Q8_0") == "int8" and pp.course_format("Q4_0") == "int4"
+    assert pp.course_format("Q4_1", "int4-q8") == "int4-q8" and pp.course_format("Q8_0", "int4-q8") == "int8"
+    with pytest.raises(ValueError, match="int4-q8"):
+        pp.course_format("Q4_0", "int3")
     commands = pp.trial_commands("m.gguf", 2, 1024, "ids.json", "/py", fmt="int8")
     assert commands["course int8 compiled"][-2:] == ["--fmt", "int8"]
     assert commands["llama.cpp"][-4:] == ["m.gguf", "2", "1024", "0"] and commands["llama.cpp flash"][-1] == "1"

@@ -55,6 +55,43 @@ def test_the_4_bit_product_is_the_exact_algebra_on_rows_it_need_not_round(R):
     assert float((q4_kernel.product(y, q4_kernel.pack(q, scale, low)).double() - exact).norm() / exact.norm()) < 0.02  # 3 blocks a row
 
 
+def q4_0_blocks(N: int, K: int, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_0 file's blocks as quantize_int4 gives them back: weights d (k - 8), counted from each block's lowest."""
+    k = torch.randint(0, 16, (N, K // 32, 32), generator=generator)
+    k[:, :, 0] = torch.randint(0, 4, (N, K // 32), generator=generator)  # the lowest level somewhere in 0..3
+    d = (torch.rand(N, K // 32, 1, generator=generator) * 0.01 + 0.001).half().float()
+    return formats.quantize_int4((d * (k - 8)).reshape(N, K))
+
+
+@needs_kernel
+def test_q4_0_blocks_pack_without_their_minimum_and_multiply_exactly():
+    g = torch.Generator().manual_seed(3)
+    q, scale, low = q4_0_blocks(24, 96, g)
+    w = q4_kernel.pack(q, scale, low)
+    assert w.shape == (3, 3, 144)  # 4.5 bits per weight: the minimum is -8 d, not stored
+    x = integer_rows(5, 96, g)
+    want = x.double() @ formats.dequantize_int4(q, scale, low).double().T
+    assert float((q4_kernel.product(x, w).double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+    low[0, 0] += 0.3 * scale[0, 0]  # one block off the grid: the whole matrix keeps its minimums
+    assert q4_kernel.symmetric_shift(q, scale, low) is None and q4_kernel.pack(q, scale, low).shape[-1] == 160
+
+
+@needs_kernel
+@pytest.mark.skipif(q4_kernel.best_variant() != "vnni", reason="the VNNI build needs a CPU with AVX-512 VNNI")
+def test_the_vnni_and_avx2_builds_give_the_same_numbers():
+    g = torch.Generator().manual_seed(7)
+    q, scale = torch.randint(0, 16, (24, 96), generator=g), (torch.rand(24, 3, generator=g) * 0.01).half().float()
+    four = q4_kernel.pack(q, scale, (torch.randn(24, 3, generator=g) * 0.05).half().float())
+    eight = q4_kernel.pack_q8(torch.randn(16, 96, generator=g) * 0.05)
+    for R in (1, 5):  # the same integer sums, then the same float steps: equal to the bit
+        x = torch.randn(R, 96, generator=g)
+        for w in (four, eight):
+            assert torch.equal(q4_kernel.extension("vnni").block_product(x, w),
+                               q4_kernel.extension("avx2").block_product(x, w))
+    with pytest.raises(ValueError, match="no kernel variant"):
+        q4_kernel.extension("neon")
+
+
 @needs_kernel
 def test_the_8_bit_product_keeps_the_signs_of_its_weights():
     g = torch.Generator().manual_seed(1)

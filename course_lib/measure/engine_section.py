@@ -75,7 +75,10 @@ def _course_kernel(ours, int4, tokenizer, story, text, quick: bool, int4_perplex
     from .fast_path import batch_scaling, compiled_generate
     from .quality import perplexity
     q8 = convert(ours, "int4-q8")
-    kernel = {"course_kernel": q8.layers[0].qkv.q4 is not None, "why_not_kernel": q8.layers[0].qkv.why_not}
+    from ..runner.q4_kernel import best_variant
+    used = q8.layers[0].qkv.q4 is not None
+    kernel = {"course_kernel": used, "why_not_kernel": q8.layers[0].qkv.why_not,
+              "kernel_variant": best_variant() if used else None}  # avx2 or vnni (AVX-512 VNNI's dpbusd)
     generated = compiled_generate(q8, tokenizer, story, 8 if quick else 128, repeats=1 if quick else 3,
                                   compile=not quick)
     scaling = batch_scaling(q8, tokenizer, (1, 2) if quick else (1, 2, 4, 8), steps=3 if quick else 9,

@@ -93,9 +93,12 @@ def run_child(command: list[str], threads: int, timeout: float = 900) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def course_format(file_name: str) -> str:
-    """The course's weight format that matches a GGUF file's: int8 for an 8-bit file (Q8_0), else int4."""
-    return "int8" if "Q8" in file_name.upper() else "int4"
+def course_format(file_name: str, four_bit: str = "int4") -> str:
+    """The course's weight format that matches a GGUF file's: int8 for an 8-bit file (Q8_0), else `four_bit`
+    (int4: torch's 4-bit kernel; int4-q8: the course's own, runner/q4_kernel.py)."""
+    if four_bit not in ("int4", "int4-q8"):
+        raise ValueError(f"the course's 4-bit side is 'int4' or 'int4-q8', not {four_bit!r}")
+    return "int8" if "Q8" in file_name.upper() else four_bit
 
 
 def trial_commands(gguf: str, threads: int, context: int, ids_file: str, llama_python: str,
@@ -111,15 +114,16 @@ def trial_commands(gguf: str, threads: int, context: int, ids_file: str, llama_p
 
 
 def sitting(files: dict[str, str], threads=(1, 2), context: int = 1024, pairs: int = 10, ids_file: str = "",
-            llama_python: str = sys.executable, run=run_child, progress=print, save=None) -> dict:
+            llama_python: str = sys.executable, run=run_child, progress=print, save=None, four_bit: str = "int4") -> dict:
     """Every file at every thread count: `pairs` rounds of the three trials (course, llama.cpp without and with flash
     attention) in turning order, the machine's state before and after each (file, threads). Returns the raw trials and,
     per (file, threads), the paired summary against llama.cpp's faster configuration (by its median rate). `save`,
-    when given, is called with the record after each cell (a long sitting cut short keeps what it measured)."""
+    when given, is called with the record after each cell (a long sitting cut short keeps what it measured).
+    `four_bit`: the course's format on a 4-bit file (course_format)."""
     out = {"context": context, "pairs": pairs, "cells": []}
     for t in threads:
         for name, gguf in files.items():
-            commands = trial_commands(gguf, t, context, ids_file, llama_python, course_format(name))
+            commands = trial_commands(gguf, t, context, ids_file, llama_python, course_format(name, four_bit))
             sides = tuple(commands)
             before, trials = machine_state(), {side: [] for side in sides}
             for i in range(pairs):

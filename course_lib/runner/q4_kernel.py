@@ -1,5 +1,5 @@
 """The course's own 4-bit kernel (issue: the fast path is the engine): 4-bit weights times 8-bit activations with
-the CPU's byte dot products, the scheme llama.cpp runs on a CPU, written out in C++ (SOURCE) and built on first use.
+the CPU's byte dot products, the scheme llama.cpp runs on a CPU, written out in C++ (q4_kernel.cpp) and built on first use.
 
 What it does: `pack(q, scale, minimum)` lays the file's Q4_1 blocks out in tiles of 8 outputs: each 32-bit lane of
 a register holds 4 consecutive weights of one output, so a row's 4 activations, copied to all 8 lanes, multiply 8
@@ -8,156 +8,28 @@ of 32 activations to 8 bits (symmetric, its largest magnitude to 127: llama.cpp'
 them by the 4-bit numbers with AVX2's `maddubs` (32 byte products per instruction), then applies each block's scale
 and minimum in float: sum_i (d q_i + m) (a q'_i) = d a sum q q' + m a sum q'. One tile's weights serve up to 4
 rows of activations, so a decode step of several rows reads them once. `pack_q8` and `Q8Linear` do the same for
-the file's Q8_0 embedding (the int4-q8 format's head). `available()` says whether it runs here (x86 with AVX2,
-FMA and F16C, a C++ compiler) and why not. Built by torch.utils.cpp_extension.load_inline into the course's cache
-folder (about 40 s, once per machine); inside torch.compile it is one operator (course::block_product).
-Measured on the course's AMD CPU (AVX2, no AVX-512), one thread, 1536 x 576 weights hot in cache, 2026-12-06:
-24 / 38 / 70 / 135 us at 1 / 2 / 4 / 8 rows against torch's 4-bit kernel 138 / 147 / 233 / 462.
+the file's Q8_0 embedding (the int4-q8 format's head). Two builds of one source: 'vnni' where the CPU has AVX-512
+VNNI (`dpbusd` adds 4 byte products into a 32-bit lane in one instruction), else 'avx2'. `available()` says whether
+it runs here (x86 with AVX2, FMA and F16C, a C++ compiler) and why not. Built by torch.utils.cpp_extension.load_inline
+into the course's cache folder (about 40 s, once per machine); inside torch.compile one operator (course::block_product).
+Measured on an AMD CPU with AVX2 only, one thread, 1536 x 576 weights hot in cache, 2026-12-06: 24 / 38 / 70 / 135 us
+at 1 / 2 / 4 / 8 rows against torch's 4-bit kernel 138 / 147 / 233 / 462.
 What it does not do: run on a GPU or an ARM CPU (the reason is printed, and the layer keeps torch's kernel), use
-AVX-512 or VNNI where the CPU has them, or give torch's numbers: the activations lose what 8 bits per block of 32
-cannot hold (tests/test_q4_kernel.py bounds it; the bench's engine section measures perplexity).
+512-bit registers, or give torch's numbers: the activations lose what 8 bits per block of 32 cannot hold
+(tests/test_q4_kernel.py bounds it; the bench's engine section measures perplexity).
 """
 from __future__ import annotations
 
 import functools
 import platform
 import shutil
+from pathlib import Path
 
 import torch
 
-SOURCE = r"""
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <immintrin.h>
-#include <vector>
-
-// Weights in tiles of 8 outputs by blocks of 32 inputs. 4 bits: 128 bytes of nibbles (byte 32i + 4j + e holds
-// output j's weight 4i + e low and 4i + 16 + e high), then 8 scales and 8 minimums as float16: 160 bytes.
-// 8 bits: 256 signed bytes (byte 32c + 4j + e is output j's weight 4c + e), then 8 scales: 272 bytes.
-// Each 32-bit lane of a register holds one output's 4 consecutive weights, so one row's 4 activations, copied to
-// all 8 lanes, multiply 8 outputs at once and each lane's sum is one output's: no sums across lanes at the end.
-constexpr int64_t BYTES4 = 160, BYTES8 = 272;
-
-// one row: each block of 32 activations -> 32 int8 (largest magnitude 127), its scale, and scale * integers' sum
-template <typename T>
-static void quantize_row(const T* x, int64_t K, int8_t* q, float* scales, float* sums) {
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const T* xb = x + 32 * b;
-    float amax = 0.f;
-    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(static_cast<float>(xb[i])));
-    const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-    int total = 0;
-    for (int i = 0; i < 32; ++i) {
-      const int v = static_cast<int>(std::nearbyint(static_cast<float>(xb[i]) * inv));
-      q[32 * b + i] = static_cast<int8_t>(v);
-      total += v;
-    }
-    scales[b] = step;
-    sums[b] = step * total;
-  }
-}
-
-// R rows (at most 4) times one tile of 8 outputs, over all K/32 blocks
-template <int R, int BITS>
-static inline void tile_rows(const uint8_t* w, int64_t blocks, const int8_t* q, const float* sc, const float* su,
-                             int64_t K, __m256* acc) {
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* wb = w + b * (BITS == 4 ? BYTES4 : BYTES8);
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-    if (BITS == 4) {
-      for (int i = 0; i < 4; ++i) {
-        const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * i));
-        const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* a = q + r * K + 32 * b + 4 * i;
-          int32_t a_lo, a_hi;
-          std::memcpy(&a_lo, a, 4);
-          std::memcpy(&a_hi, a + 16, 4);
-          // 16-bit lanes: pairs of products (at most 2 * 15 * 127), 8 such added (at most 30,480 < 32,767)
-          sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a_lo)));
-          sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a_hi)));
-        }
-      }
-      for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(sums[r], ones);
-    } else {
-      for (int c = 0; c < 8; ++c) {
-        const __m256i wc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * c));
-        const __m256i size = _mm256_sign_epi8(wc, wc);  // maddubs wants its first operand unsigned: |w| and a * sign(w)
-        for (int r = 0; r < R; ++r) {
-          int32_t a4;
-          std::memcpy(&a4, q + r * K + 32 * b + 4 * c, 4);
-          const __m256i pairs = _mm256_maddubs_epi16(size, _mm256_sign_epi8(_mm256_set1_epi32(a4), wc));
-          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));  // pairs reach 2 * 127 * 127: to 32 bits now
-        }
-      }
-    }
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + (BITS == 4 ? 128 : 256))));
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(sc[r * (K / 32) + b])), acc[r]);
-    if (BITS == 4) {
-      const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 144)));
-      for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(su[r * (K / 32) + b]), acc[r]);
-    }
-  }
-}
-
-template <typename T>
-static inline void store8(T* out, __m256 v) {
-  if constexpr (std::is_same<T, float>::value) {
-    _mm256_storeu_ps(out, v);
-  } else {
-    alignas(32) float f[8];
-    _mm256_store_ps(f, v);
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<T>(f[i]);
-  }
-}
-
-template <typename T, int BITS>
-static void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), tiles = w.size(0), blocks = K / 32, N = out.size(1);
-  std::vector<int8_t> q(M * K);
-  std::vector<float> sc(M * blocks), su(M * blocks);
-  const T* xs = x.data_ptr<T>();
-  for (int64_t r = 0; r < M; ++r) quantize_row(xs + r * K, K, q.data() + r * K, sc.data() + r * blocks, su.data() + r * blocks);
-  const uint8_t* ws = w.data_ptr<uint8_t>();
-  T* o = out.data_ptr<T>();
-  const int64_t tile_bytes = blocks * (BITS == 4 ? BYTES4 : BYTES8);
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    __m256 acc[4];
-    for (int64_t t = begin; t < end; ++t) {
-      for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        const int rows = static_cast<int>(std::min<int64_t>(4, M - r0));
-        const int8_t* qr = q.data() + r0 * K;
-        const float *scr = sc.data() + r0 * blocks, *sur = su.data() + r0 * blocks;
-        const uint8_t* wt = ws + t * tile_bytes;
-        switch (rows) {
-          case 1: tile_rows<1, BITS>(wt, blocks, qr, scr, sur, K, acc); break;
-          case 2: tile_rows<2, BITS>(wt, blocks, qr, scr, sur, K, acc); break;
-          case 3: tile_rows<3, BITS>(wt, blocks, qr, scr, sur, K, acc); break;
-          default: tile_rows<4, BITS>(wt, blocks, qr, scr, sur, K, acc); break;
-        }
-        for (int r = 0; r < rows; ++r) store8(o + (r0 + r) * N + 8 * t, acc[r]);
-      }
-    }
-  });
-}
-
-torch::Tensor block_product(torch::Tensor x, torch::Tensor w) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.size(1) % 32 == 0, "x must be (rows, K) contiguous, K a multiple of 32");
-  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.size(1) * 32 == x.size(1) &&
-              (w.size(2) == BYTES4 || w.size(2) == BYTES8), "w must be (N/8, K/32, 160 or 272) uint8");
-  auto out = torch::empty({x.size(0), w.size(0) * 8}, x.options());
-  const bool four = w.size(2) == BYTES4;
-  if (x.scalar_type() == torch::kFloat) four ? run<float, 4>(x, w, out) : run<float, 8>(x, w, out);
-  else if (x.scalar_type() == torch::kBFloat16) four ? run<at::BFloat16, 4>(x, w, out) : run<at::BFloat16, 8>(x, w, out);
-  else TORCH_CHECK(false, "x must be float32 or bfloat16");
-  return out;
-}
-"""
+SOURCE = Path(__file__).with_name("q4_kernel.cpp")  # the C++, beside this file
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-DCOURSE_VNNI"]
 
 
 def cpu_flags() -> set[str]:
@@ -181,20 +53,31 @@ def why_not() -> str:
     return ""
 
 
+def best_variant() -> str:
+    """'vnni' where the CPU adds byte products in one instruction (AVX-512 VNNI, with its 256-bit forms), else
+    'avx2' (maddubs, then a second instruction to widen the sums)."""
+    return "vnni" if {"avx512_vnni", "avx512vl", "avx512bw"} <= cpu_flags() else "avx2"
+
+
 @functools.cache
-def extension():
-    """The built kernel (a Python module with block_product), compiled once into the course's cache folder."""
+def extension(variant: str | None = None):
+    """The built kernel (a Python module with block_product), compiled once per variant into the course's cache
+    folder: `variant` 'avx2' or 'vnni' (best_variant() when None; the tests build both where the CPU runs both)."""
     reason = why_not()
     if reason:
         raise RuntimeError(reason)
+    variant = variant or best_variant()
+    if variant not in ("avx2", "vnni") or (variant == "vnni" and best_variant() != "vnni"):
+        raise ValueError(f"no kernel variant {variant!r} on this CPU (it runs {best_variant()!r})")
     from torch.utils.cpp_extension import load_inline
 
     from ..loading import cache_root
-    folder = cache_root() / "kernels" / "q4"
+    folder = cache_root() / "kernels" / f"q4-{variant}"
     folder.mkdir(parents=True, exist_ok=True)
     if not any(folder.glob("*.so")):
-        print("building the course's 4-bit kernel (C++, once per machine: about 40 s)...", flush=True)
-    return load_inline("course_q4", cpp_sources=SOURCE, functions=["block_product"], extra_cflags=FLAGS,
+        print(f"building the course's 4-bit kernel ({variant}; C++, once per machine: about 40 s)...", flush=True)
+    flags = FLAGS + (VNNI_FLAGS if variant == "vnni" else [])
+    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product"], extra_cflags=flags,
                        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 
@@ -212,13 +95,31 @@ def available() -> tuple[bool, str]:
 
 
 def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-    """The kernel's layout of Q4_1 blocks: q (N, K) in 0..15, scale and minimum (N, K/32) -> (N/8, K/32, 160)
+    """The kernel's layout of 4-bit blocks: q (N, K) in 0..15, scale and minimum (N, K/32) -> (N/8, K/32, 160)
     uint8: per tile of 8 outputs and block of 32 inputs, 128 bytes of nibbles (byte 32i + 4j + e: output j's
-    weight 4i + e low, 4i + 16 + e high), then the 8 scales and the 8 minimums as float16 (the file's own size)."""
+    weight 4i + e low, 4i + 16 + e high), then the 8 scales and the 8 minimums as float16 (the file's Q4_1 size).
+    Where every block is a Q4_0 block (symmetric_shift), (N/8, K/32, 144): the nibbles of d (q - 8), the scales."""
     N, K = q.shape
+    shift = symmetric_shift(q, scale, minimum)
+    if shift is not None:
+        q = q + shift.repeat_interleave(32, dim=1)
     grid = q.to(torch.uint8).reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # (tile, block, chunk, j, e)
     nibbles = (grid[:, :, :4] | (grid[:, :, 4:] << 4)).reshape(N // 8, K // 32, 128)
-    return torch.cat([nibbles, _per_tile(scale), _per_tile(minimum)], dim=-1).contiguous()
+    parts = [nibbles, _per_tile(scale)] + ([_per_tile(minimum)] if shift is None else [])
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def symmetric_shift(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor | None:
+    """Whether the blocks are a Q4_0 file's, weight = d (k - 8) with k in 0..15: per block (N, K/32) the whole
+    number of steps s with minimum = d (s - 8) (quantize_int4 counts q from the block's lowest level), when every
+    block has one that keeps q + s within 15; else None. Their minimum then costs no bytes (it is -8 d)."""
+    N, K = q.shape
+    d = scale.to(torch.float16).float()
+    steps = minimum / d.clamp(min=1e-30) + 8
+    whole = steps.round()
+    top = q.reshape(N, K // 32, 32).amax(dim=-1)
+    fits = ((steps - whole).abs() < 1e-3) & (whole >= 0) & (top + whole <= 15) & (d > 0)
+    return whole.to(q.dtype) if bool(fits.all()) else None
 
 
 def pack_q8(weight: torch.Tensor) -> torch.Tensor:

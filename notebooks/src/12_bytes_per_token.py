@@ -372,6 +372,9 @@ if formats.int_mm_available():
               + (f", the course's kernel {c[i]:6.0f} us ({c[i] / c[0]:4.1f}x)" if c else ""))
     if course.q4 is None:
         print("the course's kernel does not run here:", course.why_not)
+    else:
+        from course_lib.runner.q4_kernel import best_variant
+        print(f"the course's kernel here is its {best_variant()} build (vnni: AVX-512's dpbusd; avx2: maddubs)")
     plot_rows_cost(cost)
     plt.show()
     t = time_it(lambda: prefill(rows_model, long_prompt), repeats=3)
@@ -408,7 +411,10 @@ else:
 # scales are applied once, in float: the sum over a block of (d q + m) times (a q') is d a (sum of q q') plus
 # m a (sum of q'). A tile's weights are unpacked once for up to 4 rows of activations, but every row still pays
 # for its own multiplications: read its ratio column, which grows with the rows even where its first row is
-# the cheapest of the three kernels.
+# the cheapest of the three kernels. On a CPU with AVX-512 VNNI the same source is built with `dpbusd`, one
+# instruction that multiplies the bytes and adds each group of 4 into a 32-bit sum (AVX2 needs a second
+# instruction to widen the sums): the cell below prints which build this machine got. That saves work per
+# row, not bytes, so it shows at several rows and hardly at one.
 #
 # What it costs: the activations are rounded, so compare `int4-q8` with `int4` in section 5's perplexity lines;
 # its head is the file's 8-bit embedding, read by the same kernel. What it needs: an x86 CPU with AVX2 and a
@@ -502,11 +508,13 @@ else:
 # Each pair gives one ratio; the median of the ratios comes with a bootstrap interval (resample the pairs,
 # take the median again, many times; the interval holds all but the outermost of those medians) and the
 # range. The files are the course's Q4_1, a Q4_0 that llama.cpp's own quantizer made from it (the layout
-# llama.cpp repacks for its fastest CPU kernels) and a Q8_0. The course reads each through transformers'
-# GGUF reader and runs its own format: int4 keeps each block's own grid, so the blocks of Q4_1 and Q4_0
-# come through without a second rounding (only their scales are stored in bfloat16); int8 has one scale
-# per row, so Q8_0's blocks of 32 are rounded again. Its perplexity is measured through the compiled step
-# itself, one token at a time.
+# llama.cpp repacks for its fastest CPU kernels) and, in some sittings, a Q8_0. The course reads each through
+# transformers' GGUF reader and runs its own format, named in each line: int4 keeps each block's own grid, so
+# the blocks of Q4_1 and Q4_0 come through without a second rounding (only their scales are stored in
+# bfloat16); int4-q8 keeps them too, with float16 scales, and runs the course's kernel of section 6; int8 has
+# one scale per row, so Q8_0's blocks of 32 are rounded again. Its perplexity is measured through the compiled
+# step itself, one token at a time. The newest sitting is printed in full; the earlier ones, each on its own
+# machine, follow in one line per file and thread count.
 
 # %%
 from course_lib.measure import peers_protocol
@@ -523,6 +531,11 @@ if paired_records:
     if llama_bench:  # llama.cpp's own benchmark, from the same source
         print(f"\n{llama_bench[-1].name}:")
         print("\n".join(peers_protocol.describe_llama_bench(json.loads(llama_bench[-1].read_text()))))
+    for older in paired_records[:-1]:  # earlier sittings: other machines, other course formats
+        o = json.loads(older.read_text())
+        print(f"\n{older.name} ({o['processor']}): " + "; ".join(
+            f"{c['file']} {c['threads']} thread(s) {next(side for side in c['rates'] if side.startswith('course'))} / "
+            f"{c['llama_counted']} {c['paired_ratio']['median']:.2f}x" for c in o["cells"]))
     plots_perf.plot_paired_ratios(paired_record)
     plt.show()
 else:
