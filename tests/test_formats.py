@@ -41,6 +41,8 @@ def test_int4_keeps_the_grid_of_weights_that_are_already_4_bit():
     k[::2] = k[::2].clamp(max=11)  # half the rows never reach the top of the range
     w = (d * (k - 8)).reshape(64, 192)
     assert torch.equal(formats.dequantize_int4(*formats.quantize_int4(w)), w)
+    sparse = torch.tensor([-6.0, -3, 0, 8] * 8) * -0.1083984375  # a block of llama.cpp's file: gaps 3, 3, 8 steps
+    assert torch.equal(formats.dequantize_int4(*formats.quantize_int4(sparse[None])), sparse[None])
     noise = torch.randn(64, 192, generator=g)  # weights on no grid: the min/max rule, half a step at most
     q, scale, low = formats.quantize_int4(noise)
     assert torch.equal(scale, (noise.reshape(64, 6, 32).amax(-1) - low) / 15)

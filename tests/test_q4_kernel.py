@@ -56,10 +56,12 @@ def test_the_4_bit_product_is_the_exact_algebra_on_rows_it_need_not_round(R):
 
 
 def q4_0_blocks(N: int, K: int, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Q4_0 file's blocks as quantize_int4 gives them back: weights d (k - 8), counted from each block's lowest."""
+    """A Q4_0 file's blocks as quantize_int4 gives them back: weights d (k - 8), counted from each block's lowest;
+    d of either sign, as llama.cpp's quantizer writes them (negative where the block's largest weight is positive)."""
     k = torch.randint(0, 16, (N, K // 32, 32), generator=generator)
     k[:, :, 0] = torch.randint(0, 4, (N, K // 32), generator=generator)  # the lowest level somewhere in 0..3
-    d = (torch.rand(N, K // 32, 1, generator=generator) * 0.01 + 0.001).half().float()
+    sign = torch.randint(0, 2, (N, K // 32, 1), generator=generator) * 2 - 1
+    d = (sign * (torch.rand(N, K // 32, 1, generator=generator) * 0.01 + 0.001)).half().float()
     return formats.quantize_int4((d * (k - 8)).reshape(N, K))
 
 
@@ -73,7 +75,7 @@ def test_q4_0_blocks_pack_without_their_minimum_and_multiply_exactly():
     want = x.double() @ formats.dequantize_int4(q, scale, low).double().T
     assert float((q4_kernel.product(x, w).double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
     low[0, 0] += 0.3 * scale[0, 0]  # one block off the grid: the whole matrix keeps its minimums
-    assert q4_kernel.symmetric_shift(q, scale, low) is None and q4_kernel.pack(q, scale, low).shape[-1] == 160
+    assert q4_kernel.symmetric_grid(q, scale, low) is None and q4_kernel.pack(q, scale, low).shape[-1] == 160
 
 
 @needs_kernel

@@ -87,17 +87,18 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, to
 
 
 def grid_steps(blocks: torch.Tensor, low: torch.Tensor, high: torch.Tensor, tolerance: float = 1e-3) -> torch.Tensor:
-    """Per block, how many grid steps span low..high: the span over the smallest gap between its sorted values when
-    every value lies on that grid (within `tolerance` of a step) and it has at most 15 steps, else 15 (the min/max
-    rule). blocks (N, K/G, G), low and high (N, K/G) -> (N, K/G) float."""
-    ordered = blocks.sort(dim=-1).values
-    gaps = ordered.diff(dim=-1)  # (N, K/G, G-1)
+    """Per block (N, K/G, G), how many steps span low..high (N, K/G) when every value lies on a grid of at most
+    15 steps (within `tolerance`), else 15 (min/max). Candidate steps: a Q4_0 block's (its largest weight is -8 d
+    exactly: blocks whose gaps are all several steps keep it too), then the smallest gap between values."""
     span = high - low
+    def on_grid(steps: torch.Tensor) -> torch.Tensor:
+        offsets = (blocks - low[..., None]) / (span / steps).clamp(min=1e-30)[..., None]
+        return ((offsets - offsets.round()).abs().amax(dim=-1) < tolerance) & (steps <= 15)
+
+    q4_0, gaps = torch.round(span / (blocks.abs().amax(-1) / 8).clamp(min=1e-30)).clamp(min=1), blocks.sort(-1).values.diff(-1)
     gaps = torch.where(gaps > span[..., None] * 1e-4, gaps, torch.full_like(gaps, float("inf")))
-    steps = torch.round(span / gaps.amin(dim=-1)).clamp(min=1)  # (N, K/G); inf gap (a flat block) -> 1
-    offsets = (blocks - low[..., None]) / (span / steps).clamp(min=1e-30)[..., None]
-    on_grid = ((offsets - offsets.round()).abs().amax(dim=-1) < tolerance) & (steps <= 15)
-    return torch.where(on_grid, steps, torch.full_like(steps, 15.0))
+    smallest = torch.round(span / gaps.amin(dim=-1)).clamp(min=1)  # (N, K/G); inf gap (a flat block) -> 1
+    return torch.where(on_grid(q4_0), q4_0, torch.where(on_grid(smallest), smallest, torch.full_like(span, 15.0)))
 
 
 def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP) -> torch.Tensor:

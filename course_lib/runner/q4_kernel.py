@@ -98,28 +98,37 @@ def pack(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.T
     """The kernel's layout of 4-bit blocks: q (N, K) in 0..15, scale and minimum (N, K/32) -> (N/8, K/32, 160)
     uint8: per tile of 8 outputs and block of 32 inputs, 128 bytes of nibbles (byte 32i + 4j + e: output j's
     weight 4i + e low, 4i + 16 + e high), then the 8 scales and the 8 minimums as float16 (the file's Q4_1 size).
-    Where every block is a Q4_0 block (symmetric_shift), (N/8, K/32, 144): the nibbles of d (q - 8), the scales."""
+    Where every block is a Q4_0 block (symmetric_grid), (N/8, K/32, 144): the nibbles of d (k - 8), the scales d."""
     N, K = q.shape
-    shift = symmetric_shift(q, scale, minimum)
-    if shift is not None:
-        q = q + shift.repeat_interleave(32, dim=1)
-    grid = q.to(torch.uint8).reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # (tile, block, chunk, j, e)
-    nibbles = (grid[:, :, :4] | (grid[:, :, 4:] << 4)).reshape(N // 8, K // 32, 128)
-    parts = [nibbles, _per_tile(scale)] + ([_per_tile(minimum)] if shift is None else [])
+    grid = symmetric_grid(q, scale, minimum)
+    if grid is not None:
+        q, scale = grid
+    levels = q.to(torch.uint8).reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4)  # (tile, block, chunk, j, e)
+    nibbles = (levels[:, :, :4] | (levels[:, :, 4:] << 4)).reshape(N // 8, K // 32, 128)
+    parts = [nibbles, _per_tile(scale)] + ([_per_tile(minimum)] if grid is None else [])
     return torch.cat(parts, dim=-1).contiguous()
 
 
-def symmetric_shift(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor | None:
-    """Whether the blocks are a Q4_0 file's, weight = d (k - 8) with k in 0..15: per block (N, K/32) the whole
-    number of steps s with minimum = d (s - 8) (quantize_int4 counts q from the block's lowest level), when every
-    block has one that keeps q + s within 15; else None. Their minimum then costs no bytes (it is -8 d)."""
+def symmetric_grid(q: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Whether the blocks are a Q4_0 file's, weight = d (k - 8) with k in 0..15 and d of either sign (llama.cpp
+    makes d negative where a block's largest weight is positive): per block (N, K/32), with m / scale a whole
+    number of steps, either d = scale and k = q + 8 + m / scale, or d = -scale and k = 8 - m / scale - q
+    (quantize_int4 counts q from the block's lowest level), whichever keeps k within 0..15. Returns (k (N, K),
+    d (N, K/32)) when every block has one, else None. Such blocks' minimum costs no bytes (it is -8 d)."""
     N, K = q.shape
     d = scale.to(torch.float16).float()
-    steps = minimum / d.clamp(min=1e-30) + 8
+    steps = minimum / d.clamp(min=1e-30)
     whole = steps.round()
     top = q.reshape(N, K // 32, 32).amax(dim=-1)
-    fits = ((steps - whole).abs() < 1e-3) & (whole >= 0) & (top + whole <= 15) & (d > 0)
-    return whole.to(q.dtype) if bool(fits.all()) else None
+    exact = ((steps - whole).abs() < 1e-3) & (d > 0)
+    up = exact & (whole + 8 >= 0) & (top + whole + 8 <= 15)  # d = scale
+    down = exact & ~up & (8 - whole - top >= 0) & (8 - whole <= 15)  # d = -scale
+    if not bool((up | down).all()):
+        return None
+    shift = (whole + 8).to(q.dtype).repeat_interleave(32, dim=1)
+    flip = down.repeat_interleave(32, dim=1)
+    k = torch.where(flip, 16 - shift - q, q + shift)  # 8 - whole - q = 16 - (whole + 8) - q
+    return k, torch.where(down, -d, d)
 
 
 def pack_q8(weight: torch.Tensor) -> torch.Tensor:
