@@ -95,7 +95,7 @@ def grid_steps(blocks: torch.Tensor, low: torch.Tensor, high: torch.Tensor, tole
         offsets = (blocks - low[..., None]) / (span / steps).clamp(min=1e-30)[..., None]
         return ((offsets - offsets.round()).abs().amax(dim=-1) < tolerance) & (steps <= 15)
 
-    q4_0, gaps = torch.round(span / (blocks.abs().amax(-1) / 8).clamp(min=1e-30)).clamp(min=1), blocks.sort(-1).values.diff(-1)
+    q4_0, gaps = torch.round(span / (blocks.abs().amax(-1) / 8).clamp(min=1e-30)).clamp(min=1), blocks.sort(-1).values.diff(dim=-1)
     gaps = torch.where(gaps > span[..., None] * 1e-4, gaps, torch.full_like(gaps, float("inf")))
     smallest = torch.round(span / gaps.amin(dim=-1)).clamp(min=1)  # (N, K/G); inf gap (a flat block) -> 1
     return torch.where(on_grid(q4_0), q4_0, torch.where(on_grid(smallest), smallest, torch.full_like(span, 15.0)))
