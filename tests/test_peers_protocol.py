@@ -101,6 +101,9 @@ def test_a_sitting_pairs_the_trials_and_counts_the_faster_llama():
                                   "llama.cpp": {"perplexity": 18.0}}}
     text = "\n".join(pp.describe(json.loads(json.dumps(record))))
     assert "Q4_1 1 thread(s)" in text and "llama.cpp flash" in text and "+1.1%" in text
+    assert text.count("llama.cpp faster") == 2  # every ratio near 0.6: both intervals below 1
+    assert [pp.verdict(ci) for ci in ((1.01, 1.2), (0.8, 0.99), (0.9, 1.1), (1.0, 1.1))] == [
+        "the course faster", "llama.cpp faster", "settles nothing", "settles nothing"]
 
 
 def test_llama_bench_lines_sort_each_files_rows_and_name_flash_attention():

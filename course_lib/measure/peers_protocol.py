@@ -219,13 +219,19 @@ def describe(record: dict) -> list[str]:
         lines.append(f"  {cell['file']} {cell['threads']} thread(s): {rates} tok/s (medians); course / "
                      f"{cell['llama_counted']} {r['median']:.2f}x (95% {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}, range "
                      f"{r['min']:.2f}-{r['max']:.2f}); load {m['before']['loadavg'][0]:.2f} -> {m['after']['loadavg'][0]:.2f}, "
-                     f"steal {steal}")
+                     f"steal {steal}; {verdict(r['ci95'])}")
     for name, q in record.get("quality", {}).items():
         ours, theirs = q["course_compiled"], q["llama.cpp"]
         lines.append(f"  {name} perplexity on {ours['tokens']} tokens: course compiled {ours['perplexity']:.3f} (KL to "
                      f"float32 {ours['kl_to_float32']:.4f} nats), llama.cpp {theirs['perplexity']:.3f} "
                      f"({100 * (ours['perplexity'] / theirs['perplexity'] - 1):+.1f}%)")
     return lines
+
+
+def verdict(ci95) -> str:
+    """What a cell's interval settles: which engine was faster when the whole interval is on one side of 1."""
+    low, high = ci95
+    return "the course faster" if low > 1 else "llama.cpp faster" if high < 1 else "settles nothing"
 
 
 def describe_llama_bench(record: dict) -> list[str]:

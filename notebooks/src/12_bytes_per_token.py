@@ -511,7 +511,8 @@ else:
 # llama.cpp repacks for its fastest CPU kernels) and, in some sittings, a Q8_0. The course reads each through
 # transformers' GGUF reader and runs its own format, named in each line: int4 keeps each block's own grid, so
 # the blocks of Q4_1 and Q4_0 come through without a second rounding (only their scales are stored in
-# bfloat16); int4-q8 keeps them too, with float16 scales, and runs the course's kernel of section 6; int8 has
+# bfloat16); int4-q8 keeps them too, with float16 scales, and runs the course's kernel of section 6 (a Q4_0
+# file's blocks go in without their minimums, which are eight steps below zero: the file's own bytes); int8 has
 # one scale per row, so Q8_0's blocks of 32 are rounded again. Its perplexity is measured through the compiled
 # step itself, one token at a time. The newest sitting is printed in full; the earlier ones, each on its own
 # machine, follow in one line per file and thread count.
@@ -558,6 +559,18 @@ else:
 # trials' llama.cpp figures; its deeper rows show what a filled cache costs llama.cpp, which a short
 # conversation never shows (the course's side of that is not measured here).
 #
+# Each line ends with what its interval settles, and the files can disagree: read them apart. Q4_1 is the
+# file llama.cpp reads with its generic kernel; Q4_0 is the one it repacks for its fastest kernels. In the
+# sitting of the sixth of December 2026 (an AMD CPU with AVX-512 VNNI, the course on `int4-q8`), the course
+# was ahead on Q4_1 at both thread counts and behind on Q4_0 at both, with intervals that exclude a tie: the
+# course does not yet beat llama.cpp's best path on that machine. An eager step on the Q4_0 file, timed beside
+# that sitting, says where the difference lies: about half of the course's step was the products (the weights
+# read near the machine's streaming rate), the other half everything between them, the thousands of small
+# operators of attention, norms and rotary that a C++ engine runs as a few fused loops. A second caution
+# about the Q4_0 line: the course's float32 model is the Q4_1 file, so its KL there measures the second
+# rounding that llama.cpp's quantizer added when it made Q4_0, not an error of either engine (their
+# perplexities on that file agree).
+#
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
 # whose scales are themselves quantized, and the fragile tensors kept in more bits, the idea section 5's
@@ -591,6 +604,8 @@ else:
 #   fastest decode and prefill to llama.cpp's at 1 and 2 threads, with perplexity beside them: a ratio from one
 #   sitting on one machine, with how llama.cpp was built. Its profile splits the compiled step's milliseconds
 #   (the weights' read, attention, the loop, the rest) and sets them beside llama.cpp's and the read floor.
+#   The paired record settles more, per file and thread count, only where its interval leaves out a tie: in
+#   its newest sitting the course led on the file llama.cpp does not repack and trailed on the one it does.
 #
 # ---
 # ## Exercises
