@@ -413,7 +413,7 @@ else:
 # for its own multiplications: read its ratio column, which grows with the rows even where its first row is
 # the cheapest of the three kernels. On a CPU with AVX-512 VNNI the same source is built with `dpbusd`, one
 # instruction that multiplies the bytes and adds each group of 4 into a 32-bit sum (AVX2 needs a second
-# instruction to widen the sums): the cell below prints which build this machine got. That saves work per
+# instruction to widen the sums): the rows cell above printed which build this machine got. That saves work per
 # row, not bytes, so it shows at several rows and hardly at one.
 #
 # What it costs: the activations are rounded, so compare `int4-q8` with `int4` in section 5's perplexity lines;
