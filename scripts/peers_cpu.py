@@ -59,13 +59,16 @@ def child(argv: list[str]) -> int:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--ids", required=True)
     parser.add_argument("--fmt", default="int4")
+    parser.add_argument("--step", default="compiled", choices=("compiled", "fused"))
     args = parser.parse_args(argv)
     from course_lib.measure import peers_protocol
     ids = json.loads(Path(args.ids).read_text())
     if args.what == "trial":
-        print(json.dumps(peers_protocol.course_trial(args.gguf, args.threads, args.context, ids, args.fmt)))
+        print(json.dumps(peers_protocol.course_trial(args.gguf, args.threads, args.context, ids, args.fmt,
+                                                               args.step)))
     else:
-        print(json.dumps(peers_protocol.course_quality(args.gguf, ids["text"], args.threads, args.fmt)))
+        print(json.dumps(peers_protocol.course_quality(args.gguf, ids["text"], args.threads, args.fmt,
+                                                                 args.step)))
     return 0
 
 
@@ -82,6 +85,8 @@ def paired(argv: list[str]) -> int:
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
     parser.add_argument("--course-fmt", default="int4", choices=("int4", "int4-q8"),
                         help="the course's format on the 4-bit files (int4-q8: the course's own kernel)")
+    parser.add_argument("--course-step", default="compiled", choices=("compiled", "fused"),
+                        help="the course's decode step on int4-q8 files: torch.compile's, or the fused C++ call")
     parser.add_argument("--no-quality", action="store_true", help="skip the perplexities (they do not depend on "
                         "the context: a second sitting at another context can leave them to the first)")
     args = parser.parse_args(argv)
@@ -97,6 +102,7 @@ def paired(argv: list[str]) -> int:
         if not Path(files[name]).exists():
             raise SystemExit(f"no file {files[name]} (make it with: scripts/peers_cpu.py quantize {name} PATH)")
     inputs = peer_inputs(tokenizer, args.new_tokens)
+    step_of = lambda name: args.course_step if peers_protocol.course_format(name, args.course_fmt) == "int4-q8" else "compiled"  # noqa: E731
     ids_file = Path(args.out) / ".peers-ids.json"
     ids_file.write_text(json.dumps(inputs))
     partial = Path(args.out) / ".peers-paired-partial.json"
@@ -104,12 +110,13 @@ def paired(argv: list[str]) -> int:
         record = peers_protocol.sitting(files, tuple(int(t) for t in args.threads.split(",")), args.context,
                                         args.pairs, str(ids_file), args.llama_python,
                                         save=lambda r: partial.write_text(json.dumps(r, indent=1)),
-                                        four_bit=args.course_fmt)
+                                        four_bit=args.course_fmt, step=args.course_step)
         script = str(ROOT / "course_lib" / "measure" / "peers_llama.py")
         record["quality"] = {} if args.no_quality else {name: {
             "course_compiled": peers_protocol.run_child([sys.executable, __file__, "quality", "--gguf", path, "--threads",
                                                          "2", "--ids", str(ids_file), "--fmt",
-                                                         peers_protocol.course_format(name, args.course_fmt)], 2,
+                                                         peers_protocol.course_format(name, args.course_fmt),
+                                                         "--step", step_of(name)], 2,
                                                         timeout=1800),
             "llama.cpp": peers_protocol.run_child([args.llama_python, script, "perplexity", str(ids_file), path, "2"], 2)}
             for name, path in files.items()}
@@ -117,10 +124,12 @@ def paired(argv: list[str]) -> int:
         ids_file.unlink()
     record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
                   processor=_cpu_name(), files={name: Path(path).name for name, path in files.items()},
-                  course_fmt=args.course_fmt, inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
+                  course_fmt=args.course_fmt, course_step=args.course_step, inputs={"prompt_tokens": len(inputs["prompt"]), "new_tokens": args.new_tokens,
                           "perplexity_tokens": len(inputs["text"])})
     tag = "" if args.context == 1024 else f"-context{args.context}"  # the lesson reads the 1,024 record by its name
     out = Path(args.out) / f"peers-paired-cpu-{record['when'][:10]}{tag}.json"
+    if out.exists():  # a second sitting the same day keeps the first: its hour goes into the name
+        out = out.with_name(f"{out.stem}-{record['when'][11:16].replace(':', '')}.json")
     out.write_text(json.dumps(record, indent=1))
     print("\n".join(peers_protocol.describe(record)))
     print(f"written: {out}")

@@ -66,7 +66,11 @@ def test_trial_commands_match_the_file_format():
     with pytest.raises(ValueError, match="int4-q8"):
         pp.course_format("Q4_0", "int3")
     commands = pp.trial_commands("m.gguf", 2, 1024, "ids.json", "/py", fmt="int8")
-    assert commands["course int8 compiled"][-2:] == ["--fmt", "int8"]
+    assert commands["course int8 compiled"][-4:] == ["--fmt", "int8", "--step", "compiled"]
+    fused = pp.trial_commands("m.gguf", 1, 1024, "ids.json", "/py", fmt="int4-q8", step="fused")
+    assert fused["course int4-q8 fused"][-2:] == ["--step", "fused"]
+    with pytest.raises(ValueError, match="fused"):
+        pp.course_step(None, 64, "graph")
     assert commands["llama.cpp"][-4:] == ["m.gguf", "2", "1024", "0"] and commands["llama.cpp flash"][-1] == "1"
 
 
@@ -114,3 +118,15 @@ def test_llama_bench_lines_sort_each_files_rows_and_name_flash_attention():
     assert lines[0].startswith("llama-bench (-t 1,2)")
     assert [line.split(":")[1].split("+-")[0].strip() for line in lines[1:]] == ["70.0", "60.0", "110.0"]
     assert "flash attention on " in lines[1] and "flash attention off" in lines[2] and "depth 1024" in lines[2]
+
+
+def test_paired_records_come_oldest_first_by_when_they_ended(tmp_path):
+    import json
+    for name, when in (("peers-paired-cpu-2026-12-06-2353.json", "2026-12-06T23:27:09+00:00"),
+                       ("peers-paired-cpu-2026-12-06.json", "2026-12-06T16:02:00+00:00"),
+                       ("peers-paired-cpu-2026-12-05.json", "2026-12-05T10:00:00+00:00"),
+                       ("peers-paired-cpu-2026-12-05-context2048.json", "2026-12-05T11:00:00+00:00")):
+        (tmp_path / name).write_text(json.dumps({"when": when}))
+    # by name, the second sitting of the sixth would sort before the first ('-' before '.'); the context one is apart
+    assert [p.name for p in pp.paired_records(tmp_path)] == [
+        "peers-paired-cpu-2026-12-05.json", "peers-paired-cpu-2026-12-06.json", "peers-paired-cpu-2026-12-06-2353.json"]

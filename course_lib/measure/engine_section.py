@@ -111,7 +111,8 @@ def _targets(result: dict) -> list:
     if q8 and "8" in {str(k) for k in q8["eager_scaling"]}:
         for side in ("eager", "compiled") if q8["ran_compiled"] else ("eager",):
             eight = {str(k): v for k, v in q8[f"{side}_scaling"].items()}["8"]
-            out.append((f"engine: 8 rows give at least 4x one row's tokens/s (int4-q8, {side})", f"{eight:.2f}x",
+            kind = side if side == "eager" else q8.get("step_kind", side)
+            out.append((f"engine: 8 rows give at least 4x one row's tokens/s (int4-q8, {kind})", f"{eight:.2f}x",
                         eight >= 4.0))
     return out
 
@@ -151,12 +152,15 @@ def _report(result: dict) -> list:
     if q8:
         lines.append(f"engine generate, int4-q8 ({'the course' if q8['course_kernel'] else 'torch'}'s kernel): eager "
                      f"{q8['eager_tokens_per_s']:.1f} tok/s ({q8['eager_tokens_per_s'] / g['eager_tokens_per_s']:.2f}x "
-                     f"int4's), compiled {q8['compiled_tokens_per_s']:.1f} (same tokens: {q8['same_tokens']})")
+                     f"int4's), {q8.get('step_kind', 'compiled')} {q8['compiled_tokens_per_s']:.1f} ({q8['speedup']:.2f}x its "
+                     f"eager, {q8['compiled_tokens_per_s'] / g['eager_tokens_per_s']:.2f}x int4's eager; same tokens: "
+                     f"{q8['same_tokens']})")
     b = e.get("batch_scaling")
     for name, rows in (("", b), (" int8 copy from {rows_from} rows", (b or {}).get("rows_int8")),
                        (" int4-q8", (b or {}).get("int4_q8"))):
         for side in ("eager", "compiled") if rows else ():
-            lines.append(f"engine batch scaling{name.format(**rows)}, {side} ({b['threads']} thread(s), "
+            kind = side if side == "eager" else rows.get("step_kind", side)  # int4-q8's "compiled" side may be fused
+            lines.append(f"engine batch scaling{name.format(**rows)}, {kind} ({b['threads']} thread(s), "
                          f"{b['context']}-token cache): "
                          + ", ".join(f"B={r['rows']} {r['step_ms']:.1f} ms {r['tokens_per_s']:.0f} tok/s"
                                      for r in rows[side].values()))

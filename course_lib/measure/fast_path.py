@@ -45,6 +45,7 @@ def compiled_generate(model, tokenizer, prompt: list[int], n: int, repeats: int 
     eager_tps, compiled_tps = n / min(eager_s), n / min(compiled_s)
     return {"threads": torch.get_num_threads(), "new_tokens": n, "prompt_tokens": len(prompt),
             "compiled": compile and can, "why_not": "" if compile and can else (why or "not asked (--quick)"),
+            "step_kind": runner.step_kind,  # fused (int4-q8: one C++ call a step) or compiled (torch.compile)
             "capacity": bucket(len(prompt) + n, model.config.max_position_embeddings), "compile_s": compile_s,
             "eager_tokens_per_s": eager_tps, "compiled_tokens_per_s": compiled_tps, "speedup": compiled_tps / eager_tps,
             "eager_runs_s": eager_s, "compiled_runs_s": compiled_s,
@@ -66,6 +67,7 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
     # note: "compiled" holds the compiled side's rows (as "eager" the eager side's); whether it was compiled at all
     # is "ran_compiled" (why not: "why_not")
     out = {"threads": torch.get_num_threads(), "context": context, "capacity": capacity, "ran_compiled": compile,
+           "step_kind": CompiledRunner(model, compile=compile).step_kind,
            "why_not": "" if compile else (why or "not asked (--quick)"),
            **_scaling(model, batches, context, steps, capacity, compile)}
     if rows_model is not None:

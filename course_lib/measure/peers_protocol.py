@@ -102,28 +102,31 @@ def course_format(file_name: str, four_bit: str = "int4") -> str:
 
 
 def trial_commands(gguf: str, threads: int, context: int, ids_file: str, llama_python: str,
-                   fmt: str = "int4") -> dict[str, list[str]]:
-    """The command of each side's trial: the course's compiled step in `fmt` (scripts/peers_cpu.py trial), llama.cpp
-    with flash attention off and on (peers_llama.py decode), on the same file, IDs, threads and context."""
+                   fmt: str = "int4", step: str = "compiled") -> dict[str, list[str]]:
+    """The command of each side's trial: the course's step (`step`: compiled by torch.compile, or fused: one C++ call,
+    int4-q8 only) in `fmt` (scripts/peers_cpu.py trial), llama.cpp with flash attention off and on (peers_llama.py
+    decode), on the same file, IDs, threads and context."""
     script = str(Path(__file__).with_name("peers_llama.py"))
     llama = [llama_python, script, "decode", ids_file, gguf, str(threads), str(context)]
-    return {f"course {fmt} compiled": [sys.executable, str(ROOT / "scripts" / "peers_cpu.py"), "trial", "--gguf", gguf,
-                                       "--threads", str(threads), "--context", str(context), "--ids", ids_file,
-                                       "--fmt", fmt],
+    return {f"course {fmt} {step}": [sys.executable, str(ROOT / "scripts" / "peers_cpu.py"), "trial", "--gguf", gguf,
+                                     "--threads", str(threads), "--context", str(context), "--ids", ids_file,
+                                     "--fmt", fmt, "--step", step],
             "llama.cpp": llama + ["0"], "llama.cpp flash": llama + ["1"]}
 
 
 def sitting(files: dict[str, str], threads=(1, 2), context: int = 1024, pairs: int = 10, ids_file: str = "",
-            llama_python: str = sys.executable, run=run_child, progress=print, save=None, four_bit: str = "int4") -> dict:
+            llama_python: str = sys.executable, run=run_child, progress=print, save=None, four_bit: str = "int4",
+            step: str = "compiled") -> dict:
     """Every file at every thread count: `pairs` rounds of the three trials (course, llama.cpp without and with flash
     attention) in turning order, the machine's state before and after each (file, threads). Returns the raw trials and,
     per (file, threads), the paired summary against llama.cpp's faster configuration (by its median rate). `save`,
     when given, is called with the record after each cell (a long sitting cut short keeps what it measured).
-    `four_bit`: the course's format on a 4-bit file (course_format)."""
+    `four_bit`: the course's format on a 4-bit file (course_format); `step`: the course's step (trial_commands)."""
     out = {"context": context, "pairs": pairs, "cells": []}
     for t in threads:
         for name, gguf in files.items():
-            commands = trial_commands(gguf, t, context, ids_file, llama_python, course_format(name, four_bit))
+            commands = trial_commands(gguf, t, context, ids_file, llama_python, course_format(name, four_bit),
+                                     step if course_format(name, four_bit) == "int4-q8" else "compiled")
             sides = tuple(commands)
             before, trials = machine_state(), {side: [] for side in sides}
             for i in range(pairs):
@@ -155,20 +158,29 @@ def cell_summary(name: str, threads: int, trials: dict[str, list[dict]], before:
             "machine": {"before": before, "after": after, "steal_fraction": steal_fraction(before, after)}}
 
 
-def course_trial(gguf: str, threads: int, context: int, ids: dict, fmt: str = "int4") -> dict:
+def course_trial(gguf: str, threads: int, context: int, ids: dict, fmt: str = "int4", step: str = "compiled") -> dict:
     """The course's side of one trial, in this (fresh) process: the model read from `gguf`, in format `fmt`, its
-    decode step compiled at a static capacity of `context` columns (what llama.cpp's n_ctx holds); a warm-up of 4
-    tokens (which compiles), then ids['n_new'] greedy tokens after the prompt, each gap timed with its argmax."""
+    decode step (`step`: 'compiled', or 'fused' for int4-q8) at a static capacity of `context` columns (what
+    llama.cpp's n_ctx holds); a warm-up of 4 tokens (which compiles), then ids['n_new'] greedy tokens after the
+    prompt, each gap timed with its argmax."""
     import torch
-    from .compiled import fresh_compiled_step
     from .timers import greedy_gaps
     torch.set_num_threads(threads)
     model = course_model(gguf, fmt)
-    step = fresh_compiled_step(model, context)
+    step = course_step(model, context, step)
     greedy_gaps(step, step.prefill(ids["prompt"]), 4, model.device)  # compiles
     tokens, gaps = greedy_gaps(step, step.prefill(ids["prompt"]), ids["n_new"], model.device)
     return {"tokens": tokens, "tokens_per_s": 1 / median(gaps), "loop_tokens_per_s": len(gaps) / sum(gaps),
             "compile_s": step.compile_seconds, "threads": torch.get_num_threads()}
+
+
+def course_step(model, capacity: int, kind: str = "compiled"):
+    """A StaticStep of `capacity` columns: 'compiled' (torch.compile, afresh) or 'fused' (one C++ call a step)."""
+    from .compiled import fresh_compiled_step
+    from ..runner.static_step import StaticStep
+    if kind not in ("compiled", "fused"):
+        raise ValueError(f"the course's step is 'compiled' or 'fused', not {kind!r}")
+    return fresh_compiled_step(model, capacity) if kind == "compiled" else StaticStep(model, capacity, fused=True)
 
 
 def course_model(gguf: str, fmt: str = "int4"):
@@ -182,19 +194,18 @@ def course_model(gguf: str, fmt: str = "int4"):
     return convert(Model.from_transformers(model), fmt)
 
 
-def course_quality(gguf: str, text: list[int], threads: int = 2, fmt: str = "int4") -> dict:
+def course_quality(gguf: str, text: list[int], threads: int = 2, fmt: str = "int4", step: str = "compiled") -> dict:
     """The compiled step's own quality on `text`: each token fed through the compiled step in turn (teacher
     forcing), perplexity from its logits and the mean KL(float32 model || compiled step) per position, the float32
     model being the course's bundled weights in one ordinary pass."""
     import torch
-    from .compiled import fresh_compiled_step
     from .quality import log_probs
     from ..loading import load_model
     from ..runner.model import Model
     torch.set_num_threads(threads)
     reference, _ = load_model(device="cpu", dtype="float32", verbose=False)
     ref = log_probs(Model.from_transformers(reference), text)[:-1]  # (T-1, V)
-    step = fresh_compiled_step(course_model(gguf, fmt), len(text) + 1)
+    step = course_step(course_model(gguf, fmt), len(text) + 1, step)
     logits = step.prefill(text[:1])
     nll = kl = 0.0
     with torch.inference_mode():
@@ -205,6 +216,13 @@ def course_quality(gguf: str, text: list[int], threads: int = 2, fmt: str = "int
             logits = step(text[i])
     n = len(text) - 1
     return {"perplexity": float(torch.tensor(nll / n).exp()), "kl_to_float32": kl / n, "tokens": len(text)}
+
+
+def paired_records(folder: Path) -> list[Path]:
+    """The paired records at a 1,024 context in `folder` (peers-paired-cpu-DATE[-HHMM].json), oldest sitting first
+    (by the time each record says it ended; a second sitting on one day carries its hour in the name)."""
+    files = [p for p in folder.glob("peers-paired-cpu-*.json") if "-context" not in p.name]
+    return sorted(files, key=lambda p: json.loads(p.read_text())["when"])
 
 
 def describe(record: dict) -> list[str]:
@@ -220,9 +238,10 @@ def describe(record: dict) -> list[str]:
                      f"{cell['llama_counted']} {r['median']:.2f}x (95% {r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}, range "
                      f"{r['min']:.2f}-{r['max']:.2f}); load {m['before']['loadavg'][0]:.2f} -> {m['after']['loadavg'][0]:.2f}, "
                      f"steal {steal}; {verdict(r['ci95'])}")
+    step = record.get("course_step", "compiled")  # the course's step on its 4-bit files (older records: compiled)
     for name, q in record.get("quality", {}).items():
-        ours, theirs = q["course_compiled"], q["llama.cpp"]
-        lines.append(f"  {name} perplexity on {ours['tokens']} tokens: course compiled {ours['perplexity']:.3f} (KL to "
+        ours, theirs = q["course_compiled"], q["llama.cpp"]  # note: the key predates the fused step; `step` names it
+        lines.append(f"  {name} perplexity on {ours['tokens']} tokens: course {step} {ours['perplexity']:.3f} (KL to "
                      f"float32 {ours['kl_to_float32']:.4f} nats), llama.cpp {theirs['perplexity']:.3f} "
                      f"({100 * (ours['perplexity'] / theirs['perplexity'] - 1):+.1f}%)")
     return lines

@@ -9,8 +9,9 @@ static_step.StaticDecode over that cache, and every StaticDecode of a runner cal
 torch.compile with dynamic shapes: the rows and the capacity are symbols in the generated code, so the compiler
 runs twice per thread count (torch specializes a single row apart from a batch), not once per (rows, capacity).
 That is the idea of a GPU engine's CUDA graphs captured at start-up, on the CPU; `warm()` pays both compiles
-before a server listens. A scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back
-in a bucket. Everything else (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
+before a server listens. For the int4-q8 format the step is the course's C++ instead (fused_step: one call a step,
+nothing to compile), which ran faster than torch.compile's on the course's CPU (lesson 12 measures both). A
+scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back in a bucket. Everything else (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
 Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
 and `why_eager` says why (printed once).
 What it does not do: change the numbers in float32 beyond rounding order (the step attends over its whole bucket
@@ -29,6 +30,7 @@ import torch
 from ..runtime import synchronize
 from .kv_cache import KVCache
 from .model import Output
+from .fused_step import why_not_fused
 from .static_step import StaticDecode, compile_available, compile_options
 
 CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # columns a compiled step's cache holds, smallest that fits wins
@@ -43,9 +45,11 @@ class CompiledRunner:
     """The course's model, its decode steps compiled per (rows, capacity) bucket. Example:
     runner = CompiledRunner(convert(ours, "int4")); generate(runner, tokenizer, ids, 64)  # same loop, faster steps"""
 
-    def __init__(self, model, compile: bool = True):
+    def __init__(self, model, compile: bool = True, fused: bool | str = "auto"):
         """compile=False runs the same static steps without compiling them (the tests' way to check the static path
-        cheaply); without a C++ compiler every step runs the model eagerly, and why_eager says so."""
+        cheaply); without a C++ compiler every step runs the model eagerly, and why_eager says so. fused: 'auto' (with
+        compile) runs each decode step as one C++ call (fused_step) where the model can take it (the int4-q8 format),
+        torch.compile's step elsewhere; True insists (an error says why not); False never."""
         self.model, self.config = model, model.config
         self.generation_config = getattr(model, "generation_config", None)
         self.steps: dict[tuple, StaticDecode] = {}  # (rows, capacity, threads) -> its step (sharing one code)
@@ -58,7 +62,17 @@ class CompiledRunner:
         self.compile, self.why_eager = compile, why  # compile=False: the static steps run eagerly (for tests)
         if not ok:
             print(f"compiled step: running eagerly ({why})")
+        reason = why_not_fused(model)
+        if fused is True and reason:
+            raise ValueError(reason)
+        self.fused = reason == "" and (fused is True or (fused == "auto" and compile and ok))
         self.static_calls = self.eager_calls = 0
+
+    @property
+    def step_kind(self) -> str:
+        """What a decode step of a bucket's shape runs: 'fused' (one C++ call), 'compiled' (torch.compile), 'static'
+        (the static step uncompiled) or 'eager' (the model itself: no C++ compiler)."""
+        return "fused" if self.fused else "eager" if self.why_eager else "compiled" if self.compile else "static"
 
     def __getattr__(self, name):  # the model's own parts (device, dtype, layers, weight_bytes...) read through
         if name == "model":
@@ -107,8 +121,8 @@ class CompiledRunner:
         threads = torch.get_num_threads()
         key = (rows, capacity, threads)
         if key not in self.steps:
-            step = StaticDecode(self.model, rows, capacity, compile=False, whole=True)
-            if self.compile:
+            step = StaticDecode(self.model, rows, capacity, compile=False, whole=True, fused=self.fused)
+            if self.compile and not self.fused:
                 if threads not in self.compiled_code:
                     StaticDecode.allow_recompiles()
                     self.compiled_code[threads] = torch.compile(StaticDecode._decode, dynamic=True,
@@ -121,7 +135,7 @@ class CompiledRunner:
         """Compile now what the decode steps will need (one row, then two), on scratch caches: what a server does
         before it listens, so no request waits for the compiler. Returns the seconds it took (tens of seconds to
         minutes on a CPU the first time; nothing to do without a compiler)."""
-        if self.why_eager or not self.compile:
+        if self.why_eager or not self.compile or self.fused:  # a fused step has nothing to compile
             return 0.0
         start = time.perf_counter()
         # subtle: the engine calls a step under inference mode (forward.run_model) on a cache made outside it, and

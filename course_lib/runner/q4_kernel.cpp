@@ -2,6 +2,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 // Weights in tiles of 8 outputs by blocks of 32 inputs. 4 bits: 128 bytes of nibbles (byte 32i + 4j + e holds
@@ -150,4 +152,184 @@ torch::Tensor block_product(torch::Tensor x, torch::Tensor w) {
     TORCH_CHECK(false, "x must be float32 or bfloat16");
   }
   return out;
+}
+
+// ---- the whole decode step in one call (fused_step.py): every layer of the model for B rows, one token each ----
+// What a step does between its matrix products (norms, rotary, the cache write, attention, SwiGLU, residual adds)
+// is a few thousand numbers a row; run from Python each costs more in calling than in arithmetic. Here it is plain
+// loops in float32, and the products are the kernel above.
+
+static void rms_norm(const float* x, const float* w, float eps, int64_t n, float* out) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += static_cast<double>(x[i]) * x[i];
+  const float inv = 1.f / std::sqrt(static_cast<float>(total / n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+// e^x for 8 floats (Cephes' expf, as sse_mathfun writes it: x = n ln 2 + r, a degree-6 polynomial for e^r, 2^n
+// in the exponent bits): within 2 ulp. Inputs below -87 give about 1e-38 instead of less, which no sum here notices.
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
+}
+
+static inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  sum = _mm_hadd_ps(sum, sum);
+  return _mm_cvtss_f32(_mm_hadd_ps(sum, sum));
+}
+
+// q times 4 consecutive rows of k (each n long, n a multiple of 8) -> out[0..3]: four independent sums, so the
+// multiply-adds do not wait on each other
+static inline void dot4(const float* q, const float* k, int64_t n, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(q + i);
+    a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), a0);
+    a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + n + i), a1);
+    a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 2 * n + i), a2);
+    a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 3 * n + i), a3);
+  }
+  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+}
+
+static void rotate(float* x, const float* cos, const float* sin, int64_t D) {  // pairs (i, i + D/2), as apply_rotary
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+// x (B, hidden) float32 after the embedding; per layer 6 tensors in `parts`: attn_norm, qkv, o, mlp_norm, gate_up,
+// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D) float32, this
+// step's column written; cos, sin (B, D); seen (B, capacity) bool: the columns each row may read (only columns up to
+// `column` are read at all). Returns the last block's output (B, hidden): the final norm and head run after it.
+torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
+                            std::vector<torch::Tensor> values, torch::Tensor cos, torch::Tensor sin, torch::Tensor seen,
+                            int64_t column, int64_t heads, int64_t kv_heads, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be (rows, hidden) float32");
+  const int64_t L = static_cast<int64_t>(keys.size()), B = x.size(0), hidden = x.size(1);
+  TORCH_CHECK(L > 0 && static_cast<int64_t>(parts.size()) == 6 * L && static_cast<int64_t>(values.size()) == L,
+              "six parts and one key and value tensor per layer");
+  const int64_t KV = kv_heads, G = heads / kv_heads, D = keys[0].size(3), capacity = keys[0].size(2);
+  TORCH_CHECK(column >= 0 && column < capacity, "the column must lie inside the cache");
+  TORCH_CHECK(D % 8 == 0 && heads % kv_heads == 0, "the head dimension must be a multiple of 8, the query heads of the key/value heads");
+  TORCH_CHECK(seen.scalar_type() == torch::kBool && seen.is_contiguous() && seen.size(0) == B && seen.size(1) == capacity,
+              "seen must be (rows, capacity) bool");
+  TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == B &&
+              cos.size(1) == D && sin.sizes() == cos.sizes(), "cos and sin must be (rows, D) float32");
+  for (int64_t l = 0; l < L; ++l)
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == torch::kFloat &&
+                keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity,
+                values[l].scalar_type() == torch::kFloat && values[l].sizes() == keys[l].sizes() &&
+                parts[6 * l].numel() == hidden && parts[6 * l + 3].numel() == hidden,
+                "keys and values must be (rows, kv heads, capacity, D) float32, contiguous; norms of the hidden size");
+  x = x.clone();
+  float* xs = x.data_ptr<float>();
+  auto h = torch::empty_like(x);
+  float* hs = h.data_ptr<float>();
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  const bool* ok = seen.data_ptr<bool>();
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const int64_t width = (heads + 2 * KV) * D, span = column + 1;
+  auto attended = torch::empty({B, heads * D}, x.options());
+  float* att = attended.data_ptr<float>();
+  for (int64_t l = 0; l < L; ++l) {
+    const torch::Tensor* p = parts.data() + 6 * l;
+    for (int64_t b = 0; b < B; ++b) rms_norm(xs + b * hidden, p[0].data_ptr<float>(), eps, hidden, hs + b * hidden);
+    auto qkv = block_product(h, p[1]);  // (B, (H + 2 KV) D)
+    float* qs = qkv.data_ptr<float>();
+    float* K = keys[l].data_ptr<float>();
+    float* V = values[l].data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      float* row = qs + b * width;
+      for (int64_t i = 0; i < heads + KV; ++i) rotate(row + i * D, cs + b * D, sn + b * D, D);
+      for (int64_t g = 0; g < KV; ++g) {
+        std::memcpy(K + ((b * KV + g) * capacity + column) * D, row + (heads + g) * D, D * sizeof(float));
+        std::memcpy(V + ((b * KV + g) * capacity + column) * D, row + (heads + KV + g) * D, D * sizeof(float));
+      }
+    }
+    // attention: per row and key/value head, its G query heads together, so each key and value is read once
+    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> w(G * span);
+      for (int64_t bg = begin; bg < end; ++bg) {
+        const int64_t b = bg / KV, g = bg % KV;
+        const float* q = qs + b * width + g * G * D;  // (G, D): query heads g G .. g G + G - 1
+        const float* kb = K + (b * KV + g) * capacity * D;
+        const float* vb = V + (b * KV + g) * capacity * D;
+        const bool* okb = ok + b * capacity;
+        std::vector<float> top(G, -INFINITY), total(G, 0.f);
+        for (int64_t j = 0; j < G; ++j) {
+          float* wj = w.data() + j * span;
+          int64_t s = 0;
+          for (; s + 4 <= span; s += 4) dot4(q + j * D, kb + s * D, D, wj + s);  // four columns' chains at once
+          for (; s < span; ++s) wj[s] = dot(q + j * D, kb + s * D, D);
+          for (s = 0; s < span; ++s) {
+            wj[s] = okb[s] ? wj[s] * scale : -INFINITY;
+            top[j] = std::max(top[j], wj[s]);
+          }
+        }
+        for (int64_t j = 0; j < G; ++j) {
+          float* wj = w.data() + j * span;
+          int64_t s = 0;
+          for (; s + 8 <= span; s += 8)
+            _mm256_storeu_ps(wj + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(top[j]))));
+          for (; s < span; ++s) wj[s] = std::exp(wj[s] - top[j]);
+          for (s = 0; s < span; ++s) {
+            wj[s] = okb[s] ? wj[s] : 0.f;  // a hidden column weighs nothing, exactly
+            total[j] += wj[s];
+          }
+        }
+        float* out = att + b * heads * D + g * G * D;  // (G, D)
+        std::fill(out, out + G * D, 0.f);
+        for (int64_t s = 0; s < span; ++s) {
+          if (!okb[s]) continue;
+          for (int64_t j = 0; j < G; ++j) {  // total > 0: a row sees at least one column, or its weights are all 0
+            const __m256 ws = _mm256_set1_ps(w[j * span + s] / total[j]);
+            for (int64_t d = 0; d < D; d += 8)
+              _mm256_storeu_ps(out + j * D + d, _mm256_fmadd_ps(ws, _mm256_loadu_ps(vb + s * D + d),
+                                                                _mm256_loadu_ps(out + j * D + d)));
+          }
+        }
+      }
+    });
+    auto o = block_product(attended, p[2]);
+    const float* os = o.data_ptr<float>();
+    for (int64_t i = 0; i < B * hidden; ++i) xs[i] += os[i];
+    for (int64_t b = 0; b < B; ++b) rms_norm(xs + b * hidden, p[3].data_ptr<float>(), eps, hidden, hs + b * hidden);
+    auto gu = block_product(h, p[4]);  // (B, 2 I): gate, then up
+    const int64_t I = gu.size(1) / 2;
+    TORCH_CHECK(I % 8 == 0, "the feed-forward size must be a multiple of 8");
+    auto act = torch::empty({B, I}, x.options());
+    const float* gs = gu.data_ptr<float>();
+    float* as = act.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < I; i += 8) {  // silu(gate) * up = gate / (1 + e^-gate) * up
+        const __m256 g = _mm256_loadu_ps(gs + b * 2 * I + i), u = _mm256_loadu_ps(gs + b * 2 * I + I + i);
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(as + b * I + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u));
+      }
+    auto down = block_product(act, p[5]);
+    const float* ds = down.data_ptr<float>();
+    for (int64_t i = 0; i < B * hidden; ++i) xs[i] += ds[i];
+  }
+  return x;
 }

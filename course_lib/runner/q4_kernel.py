@@ -77,7 +77,7 @@ def extension(variant: str | None = None):
     if not any(folder.glob("*.so")):
         print(f"building the course's 4-bit kernel ({variant}; C++, once per machine: about 40 s)...", flush=True)
     flags = FLAGS + (VNNI_FLAGS if variant == "vnni" else [])
-    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product"], extra_cflags=flags,
+    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product", "decode_layers"], extra_cflags=flags,
                        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 

@@ -12,6 +12,8 @@ row's padding), so a cache sized for a long conversation costs a short one nothi
 (`forward.run_model`) into it, then each token through a StaticDecode. `compile=True` hands the step to `torch.compile`,
 which needs a C++ compiler on the CPU (`compile_available` says whether there is one) and takes tens of seconds
 the first time: `compile_seconds` records the warm-up that paid for it.
+`fused=True` (the int4-q8 format only) runs the same step as one C++ call instead (fused_step.FusedDecode), with
+nothing to compile.
 What it does not do: prefill, sample, or schedule (the engine does; engine/compiled.py runs these steps for
 it); time itself (measure.compiled does).
 """
@@ -23,6 +25,7 @@ import time
 import torch
 
 from .forward import run_model
+from .fused_step import FusedDecode
 from .kv_cache import quantize_rows
 from .model import block, embed, head
 from ..runtime import synchronize
@@ -64,9 +67,13 @@ class StaticDecode:
     has its own position; `key_mask` (B, capacity) marks the columns that hold a row's tokens (None: all written
     ones). Example: run = StaticDecode(ours, 1, 512); logits = run(tokens, cache)  # (B, 1, V)"""
 
-    def __init__(self, model, batch: int, capacity: int, compile: bool = False, whole: bool = False):
+    def __init__(self, model, batch: int, capacity: int, compile: bool = False, whole: bool = False,
+                 fused: bool = False):
         """whole=True: attention reads every column of the capacity (the mask hides the unwritten ones), the span
-        never changes: what the engine's runner (runner.compiled) asks for, see CompiledRunner.step_for."""
+        never changes: what the engine's runner (runner.compiled) asks for, see CompiledRunner.step_for.
+        fused=True: the step is one C++ call (fused_step.FusedDecode: the int4-q8 format only; nothing to compile)."""
+        if compile and fused:
+            raise ValueError("a step is either compiled by torch.compile or fused in C++, not both")
         if capacity < 2 or capacity > model.config.max_position_embeddings:
             raise ValueError(f"capacity must be between 2 and the window of {model.config.max_position_embeddings}, "
                              f"got {capacity}")
@@ -81,6 +88,7 @@ class StaticDecode:
         self.columns = torch.arange(capacity, device=model.device)
         self.compile_seconds = 0.0
         self.head_apart = not getattr(model.lm_head, "compiles", True)
+        self.fused = FusedDecode(model) if fused else None
         # note: freezing lets the compiler treat the weights as constants (and prepack them for its kernels): a
         # compiled step is for inference only. Measured on the course's CPU, int4 at 2 threads: 142.6 tokens per
         # second with it, 131.0 without, 121.8 eager (one run each). cpp_wrapper calls the step's kernels from
@@ -111,6 +119,8 @@ class StaticDecode:
                              f"{self.capacity} with room left; got {type(cache).__name__} at length "
                              f"{getattr(cache, 'length', '?')}"
                              + (f" in {cache.bits} bits" if hasattr(cache, "bits") else ""))
+        if self.fused is not None:
+            return self.fused(tokens, cache, positions, key_mask)
         # subtle: torch.compile guards on each input's dispatch keys, which differ between a tensor made inside
         # inference mode and one made outside: the small inputs are made afresh inside it, whatever the caller
         # passed, so a step warmed with a list compiles nothing again when the engine passes a tensor
@@ -158,9 +168,9 @@ class StaticStep:
     """One row's decode steps at fixed shapes, with its own cache (a StaticDecode over it). Example:
     step = StaticStep(ours, capacity=256); logits = step.prefill(prompt_ids); logits = step(int(logits.argmax()))"""
 
-    def __init__(self, model, capacity: int, compile: bool = False):
-        self.decode = StaticDecode(model, 1, capacity, compile)
-        self.model, self.capacity, self.compiled = model, capacity, compile
+    def __init__(self, model, capacity: int, compile: bool = False, fused: bool = False):
+        self.decode = StaticDecode(model, 1, capacity, compile, fused=fused)
+        self.model, self.capacity, self.compiled, self.fused = model, capacity, compile, fused
         self.cache = model.new_cache(1, capacity)
         self.position = 0
 

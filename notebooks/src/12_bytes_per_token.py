@@ -494,6 +494,45 @@ else:
 # distance each keeps above the floor, and where in the course's bar that distance sits: in the products
 # (a kernel reading its blocks below the streaming rate), or in the rest (work between the products).
 #
+# ### The rest, written as loops
+#
+# The course's step calls its kernel from Python four times a block, and between those calls runs the norms,
+# rotary, the cache write, attention, SwiGLU and the residual adds as torch operators: a few thousand calls a
+# token, each costing microseconds of calling for a few hundred numbers of arithmetic. `torch.compile` turns
+# them into generated code but still enters that code, checks its guards and calls the kernel as an outside
+# operator each time; on the course's CPU it bought nothing at one row. The other way is the one llama.cpp
+# takes: write the glue as plain loops in the same C++ as the kernel, so a whole step is one call
+# (`runner/fused_step.py`, `decode_layers` in `q4_kernel.cpp`). Its attention reads only the columns written so
+# far, whatever the cache holds. Its numbers are the eager step's up to float rounding, except where a rounding
+# difference moves one activation across an 8-bit step: then the logits move a little and a near-tie can flip.
+# The cell times both steps on the same `int4-q8` model, one row, and says where their tokens part, if they do:
+
+# %%
+from course_lib.measure.compiled import first_difference, timed_static_run
+from course_lib.runner.fused_step import why_not_fused
+from course_lib.runner.static_step import StaticStep
+from course_lib.runtime import median
+
+why_not = why_not_fused(models["int4-q8"])
+if why_not:
+    print(f"no fused step on this machine: {why_not}")
+else:
+    steps_ms, step_tokens = {}, {}
+    for kind in ("eager", "fused"):
+        step = StaticStep(models["int4-q8"], len(prompt) + 40, fused=kind == "fused")
+        step_tokens[kind], gaps = timed_static_run(step, prompt, 32)
+        steps_ms[kind] = 1000 * median(gaps[1:])
+        print(f"int4-q8, {kind} step: {steps_ms[kind]:.2f} ms a token ({torch.get_num_threads()} thread(s), "
+              f"median of {len(gaps) - 1} gaps, the argmax included)")
+    parted = first_difference(step_tokens["fused"], step_tokens["eager"])
+    print(f"the fused step {steps_ms['eager'] / steps_ms['fused']:.2f}x as fast; tokens "
+          + ("the same" if parted is None else f"part at token {parted} (a near-tie)"))
+
+# %% [markdown]
+# Both steps read the same weights with the same kernel, so the difference between the two lines is the glue
+# alone. The engine takes the fused step whenever the model is `int4-q8`: `generate(..., compiled=True)`, the
+# batch schedulers and the contiguous-cache server run it for one row or many, with nothing to compile.
+#
 # ### A protocol that cannot flatter either side
 #
 # One sitting per side is a weak verdict: on a shared 2-core machine llama.cpp's own rate moved by a third
@@ -520,7 +559,7 @@ else:
 # %%
 from course_lib.measure import peers_protocol
 
-paired_records = sorted(Path("../data/benchmarks").glob("peers-paired-cpu-????-??-??.json"))  # a 1,024 context
+paired_records = peers_protocol.paired_records(Path("../data/benchmarks"))  # a 1,024 context, oldest first
 if paired_records:
     paired_record = json.loads(paired_records[-1].read_text())
     print(f"committed run {paired_records[-1].name}, CPU: {paired_record['processor']}")
@@ -560,16 +599,19 @@ else:
 # conversation never shows (the course's side of that is not measured here).
 #
 # Each line ends with what its interval settles, and the files can disagree: read them apart. Q4_1 is the
-# file llama.cpp reads with its generic kernel; Q4_0 is the one it repacks for its fastest kernels. In the
-# sitting of the sixth of December 2026 (an AMD CPU with AVX-512 VNNI, the course on `int4-q8`), the course
-# was ahead on Q4_1 at both thread counts and behind on Q4_0 at both, with intervals that exclude a tie: the
-# course does not yet beat llama.cpp's best path on that machine. An eager step on the Q4_0 file, timed beside
-# that sitting, says where the difference lies: about half of the course's step was the products (the weights
-# read near the machine's streaming rate), the other half everything between them, the thousands of small
-# operators of attention, norms and rotary that a C++ engine runs as a few fused loops. A second caution
-# about the Q4_0 line: the course's float32 model is the Q4_1 file, so its KL there measures the second
-# rounding that llama.cpp's quantizer added when it made Q4_0, not an error of either engine (their
-# perplexities on that file agree).
+# file llama.cpp reads with its generic kernel; Q4_0 is the one it repacks for its fastest kernels. The older
+# lines, one per sitting, tell the story of this race. In the first sitting of the sixth of December 2026 (an
+# AMD CPU with AVX-512 VNNI, the course's step compiled by `torch.compile` on `int4-q8`) the course was ahead on
+# Q4_1 and behind on Q4_0, with intervals that exclude a tie. An eager step on the Q4_0 file, timed beside that
+# sitting, said why: about half of the course's step was the products (the weights read near the machine's
+# streaming rate), the other half the thousands of small operators between them. The sitting after it ran the
+# fused step of section 7's first part (`course_step` in the record: one C++ call a token), same machine, same
+# day, same files. In it every interval lies above 1, Q4_0's too: the course decoded faster than llama.cpp's best
+# path on that machine, at one thread and at two, for a short conversation in a cache of 1,024 columns. It says
+# nothing about a longer context, prefill, another CPU, or a server's many rows. That machine was noisier in that hour (llama.cpp's own medians moved between the two
+# sittings): the paired ratios, not the raw rates, are what carry across. A caution about the Q4_0 line: the
+# course's float32 model is the Q4_1 file, so its KL there measures the second rounding that llama.cpp's
+# quantizer added when it made Q4_0, not an error of either engine (their perplexities on that file agree).
 #
 # **What this lesson does not build.** Production quantization goes further in three directions, none of them
 # measured here. *Mixed formats* (llama.cpp's "K-quants", such as Q4_K_M): blocks grouped into super-blocks
@@ -604,8 +646,10 @@ else:
 #   fastest decode and prefill to llama.cpp's at 1 and 2 threads, with perplexity beside them: a ratio from one
 #   sitting on one machine, with how llama.cpp was built. Its profile splits the compiled step's milliseconds
 #   (the weights' read, attention, the loop, the rest) and sets them beside llama.cpp's and the read floor.
-#   The paired record settles more, per file and thread count, only where its interval leaves out a tie: in
-#   its newest sitting the course led on the file llama.cpp does not repack and trailed on the one it does.
+#   The paired record settles more, per file and thread count, only where its interval leaves out a tie.
+#   With its step compiled by torch.compile the course trailed llama.cpp on the file llama.cpp repacks; with
+#   the glue between the products written as loops (one C++ call a step), the newest sitting's lines say
+#   where it stands.
 #
 # ---
 # ## Exercises

@@ -1,0 +1,94 @@
+"""The decode step as one C++ call (issue: the fast path is the engine): every layer of the int4-q8 model for B rows,
+one token each, in the course's kernel's C++ (q4_kernel.cpp, `decode_layers`).
+
+What it does: `why_not_fused(model)` says whether a model can take it ('' when every layer's products run on the
+course's 4-bit kernel in float32 on the CPU). `FusedDecode` holds the layers' weights in the order the C++ reads them
+and runs a step with StaticDecode's contract (tokens, cache, positions, key_mask -> (B, 1, V) logits): the embedding
+lookup in Python, then one C++ call for the 30 blocks (norms, the four products of each block, rotary, this token's
+key and value written at the cache's column, attention over the columns written so far, SwiGLU, the residual adds),
+then the final norm and the head. Attention reads only the columns up to this step's, whatever the cache's capacity,
+each key/value head once for the query heads that share it; the exponentials (softmax, SiLU) are computed 8 at a
+time by a polynomial within 2 units in the last place.
+Why: at one row a step's products are about half its time; the other half was calling (about 4,000 operators from
+Python, or a compiled graph's guards and extern calls), not arithmetic. torch.compile did not remove it on the course's
+CPU; writing the glue as loops did. Measured on the AMD course machine (AVX-512 VNNI), one thread, int4-q8, a short
+context, 2026-12-06: on the Q4_0 file a step took 8.75 ms compiled by torch.compile (under the profiler: the course's
+kernel 4.7 ms of it, the graph's own code 2.7, dynamo's guard checks 0.66), 6.0 ms fused with scalar attention; on
+the bundled Q4_1 file 4.6-5.2 ms fused as written now, the products and the head alone 3.9.
+What it does not do: run the float or int4 formats (torch's kernels), an 8-bit cache, a paged cache, a GPU, or
+several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
+rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
+real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can flip, as with the compiled
+step).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import q4_kernel
+from .model import head
+
+
+def why_not_fused(model) -> str:
+    """'' when `model` can run the fused step here; else why not (the format, the device, or the kernel's reason)."""
+    if not hasattr(model, "layers"):
+        return "the fused step runs the course's own model (Model.from_transformers, then formats.convert)"
+    parts = [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    if not all(getattr(p, "q4", None) is not None for p in parts):
+        reasons = {getattr(p, "why_not", "") for p in parts} - {""}
+        return ("the fused step needs every layer on the course's 4-bit kernel (the 'int4-q8' format)"
+                + (f": {reasons.pop()}" if reasons else ""))
+    if model.dtype != torch.float32 or model.device.type != "cpu":
+        return f"the fused step runs float32 activations on the CPU, not {model.dtype} on {model.device.type}"
+    return q4_kernel.available()[1]
+
+
+class FusedDecode:
+    """B rows' decode step in one C++ call, over a float KVCache. Example:
+    step = FusedDecode(convert(ours, "int4-q8")); logits = step([[token]], cache)  # (1, 1, V)"""
+
+    def __init__(self, model):
+        reason = why_not_fused(model)
+        if reason:
+            raise ValueError(reason)
+        self.model, self.code = model, q4_kernel.extension()
+        self.parts = [t for layer in model.layers for t in (layer.attn_norm.contiguous(), layer.qkv.q4, layer.o.q4,
+                                                              layer.mlp_norm.contiguous(), layer.gate_up.q4,
+                                                              layer.down.q4)]
+        self.cos, self.sin = model.cos.contiguous(), model.sin.contiguous()  # (window, D) float32
+
+    @staticmethod
+    def fits(cache) -> bool:
+        """Whether the step runs on `cache`: the course's float32 KVCache, contiguous, with room for one column."""
+        keys = getattr(cache, "keys", None)
+        return (isinstance(keys, list) and bool(keys) and not hasattr(cache, "bits") and keys[0].dtype == torch.float32
+                and keys[0].is_contiguous() and cache.length < keys[0].shape[2])
+
+    def __call__(self, tokens, cache, positions: torch.Tensor | None = None,
+                 key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One token per row at the cache's next column; (B, 1, V) logits. positions (B,) (default: the column);
+        key_mask (B, capacity) bool, True where a row holds a token (default: every column)."""
+        if not self.fits(cache):
+            raise ValueError(f"the fused step runs on the course's float32 KVCache with room left; got "
+                             f"{type(cache).__name__} at length {getattr(cache, 'length', '?')}")
+        column, capacity = cache.length, cache.keys[0].shape[2]
+        with torch.inference_mode():
+            tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)  # (B,)
+            rows = tokens.shape[0]
+            if rows != cache.keys[0].shape[0]:
+                raise ValueError(f"{rows} token(s) for a cache of {cache.keys[0].shape[0]} row(s): one token per row")
+            if positions is None:
+                cos, sin = self.cos[column].expand(rows, -1), self.sin[column].expand(rows, -1)
+            else:
+                positions = positions.reshape(rows)
+                cos, sin = self.cos[positions], self.sin[positions]  # (B, D)
+            if key_mask is None:
+                key_mask = torch.ones(rows, capacity, dtype=torch.bool)
+            x = F.embedding(tokens, self.model.embedding)  # (B, hidden)
+            out = self.code.decode_layers(x, self.parts, cache.keys, cache.values, cos.contiguous(), sin.contiguous(),
+                                          key_mask.contiguous(), column, self.model.heads, self.model.kv_heads,
+                                          self.model.eps)
+            logits = head(self.model, out[:, None])  # (B, 1, V)
+        cache.length = column + 1
+        return logits
