@@ -417,7 +417,9 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # reuses that code (a GPU engine captures one CUDA graph per batch size at start-up;
 # the server here compiles both before it listens: `start_server(..., fmt="int4", compiled=True)`). The prompt and a verify
 # pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
-# shapes change with every batch).
+# shapes change with every batch). For lesson 12's `int4-q8` format the same runner takes another road: the whole
+# decode step as one C++ call around the course's own kernel (`runner/fused_step.py`), nothing to compile; lesson
+# 12, section 7, times it beside the eager step and races it against llama.cpp.
 #
 # ## Summary
 #
