@@ -78,8 +78,10 @@ async def _execute(hub: Hub, user: str, kernel: str, code: str, timeout: float =
     """Run code in a kernel through the hub's proxy (the kernel protocol as JSON over the websocket)."""
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
+    # note: three kernels that have just started, on 2 cores, can take longer than tornado's default 20 s to take
+    # their channels (the suite once timed out here under load, 2026-12-07): the wait is the code's, not the socket's
     request = HTTPRequest(f"ws://127.0.0.1:{hub.url.rsplit(':', 1)[1]}/user/{user}/api/kernels/{kernel}/channels",
-                          headers={"Authorization": f"token {hub.token}"})
+                          headers={"Authorization": f"token {hub.token}"}, connect_timeout=120, request_timeout=120)
     ws = await websocket_connect(request)
     msg_id, out = uuid.uuid4().hex, {"stdout": "", "error": None, "status": None}
     ws.write_message(json.dumps({
