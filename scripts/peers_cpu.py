@@ -64,11 +64,9 @@ def child(argv: list[str]) -> int:
     from course_lib.measure import peers_protocol
     ids = json.loads(Path(args.ids).read_text())
     if args.what == "trial":
-        print(json.dumps(peers_protocol.course_trial(args.gguf, args.threads, args.context, ids, args.fmt,
-                                                               args.step)))
+        print(json.dumps(peers_protocol.course_trial(args.gguf, args.threads, args.context, ids, args.fmt, args.step)))
     else:
-        print(json.dumps(peers_protocol.course_quality(args.gguf, ids["text"], args.threads, args.fmt,
-                                                                 args.step)))
+        print(json.dumps(peers_protocol.course_quality(args.gguf, ids["text"], args.threads, args.fmt, args.step)))
     return 0
 
 
@@ -102,7 +100,6 @@ def paired(argv: list[str]) -> int:
         if not Path(files[name]).exists():
             raise SystemExit(f"no file {files[name]} (make it with: scripts/peers_cpu.py quantize {name} PATH)")
     inputs = peer_inputs(tokenizer, args.new_tokens)
-    step_of = lambda name: args.course_step if peers_protocol.course_format(name, args.course_fmt) == "int4-q8" else "compiled"  # noqa: E731
     ids_file = Path(args.out) / ".peers-ids.json"
     ids_file.write_text(json.dumps(inputs))
     partial = Path(args.out) / ".peers-paired-partial.json"
@@ -112,11 +109,11 @@ def paired(argv: list[str]) -> int:
                                         save=lambda r: partial.write_text(json.dumps(r, indent=1)),
                                         four_bit=args.course_fmt, step=args.course_step)
         script = str(ROOT / "course_lib" / "measure" / "peers_llama.py")
+        fmt = {name: peers_protocol.course_format(name, args.course_fmt) for name in files}
         record["quality"] = {} if args.no_quality else {name: {
             "course_compiled": peers_protocol.run_child([sys.executable, __file__, "quality", "--gguf", path, "--threads",
-                                                         "2", "--ids", str(ids_file), "--fmt",
-                                                         peers_protocol.course_format(name, args.course_fmt),
-                                                         "--step", step_of(name)], 2,
+                                                         "2", "--ids", str(ids_file), "--fmt", fmt[name], "--step",
+                                                         peers_protocol.step_for(fmt[name], args.course_step)], 2,
                                                         timeout=1800),
             "llama.cpp": peers_protocol.run_child([args.llama_python, script, "perplexity", str(ids_file), path, "2"], 2)}
             for name, path in files.items()}

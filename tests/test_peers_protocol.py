@@ -71,6 +71,7 @@ def test_trial_commands_match_the_file_format():
     assert fused["course int4-q8 fused"][-2:] == ["--step", "fused"]
     with pytest.raises(ValueError, match="fused"):
         pp.course_step(None, 64, "graph")
+    assert pp.step_for("int4-q8", "fused") == "fused" and pp.step_for("int8", "fused") == "compiled"
     assert commands["llama.cpp"][-4:] == ["m.gguf", "2", "1024", "0"] and commands["llama.cpp flash"][-1] == "1"
 
 

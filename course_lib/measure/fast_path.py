@@ -67,7 +67,6 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
     # note: "compiled" holds the compiled side's rows (as "eager" the eager side's); whether it was compiled at all
     # is "ran_compiled" (why not: "why_not")
     out = {"threads": torch.get_num_threads(), "context": context, "capacity": capacity, "ran_compiled": compile,
-           "step_kind": CompiledRunner(model, compile=compile).step_kind,
            "why_not": "" if compile else (why or "not asked (--quick)"),
            **_scaling(model, batches, context, steps, capacity, compile)}
     if rows_model is not None:
@@ -83,10 +82,10 @@ def batch_scaling(model, tokenizer, batches=(1, 2, 4, 8), context: int = 128, st
 
 def _scaling(model, batches, context: int, steps: int, capacity: int, compile: bool) -> dict:
     """batch_scaling's measurement for one model: {"eager": {B: row}, "compiled": {B: row}, "eager_scaling",
-    "compiled_scaling"}."""
+    "compiled_scaling", "step_kind"} (step_kind: what the compiled side ran, CompiledRunner.step_kind)."""
     runner = CompiledRunner(model, compile=compile)
     ids = list(range(100, 100 + context))
-    rows = {"eager": {}, "compiled": {}}
+    rows = {"eager": {}, "compiled": {}, "step_kind": runner.step_kind}
     for B in batches:
         _, cache = prefill(model, torch.tensor([ids] * B), capacity=capacity)  # (B, context) in one pass
         start = cache.length

@@ -125,8 +125,8 @@ def sitting(files: dict[str, str], threads=(1, 2), context: int = 1024, pairs: i
     out = {"context": context, "pairs": pairs, "cells": []}
     for t in threads:
         for name, gguf in files.items():
-            commands = trial_commands(gguf, t, context, ids_file, llama_python, course_format(name, four_bit),
-                                     step if course_format(name, four_bit) == "int4-q8" else "compiled")
+            fmt = course_format(name, four_bit)
+            commands = trial_commands(gguf, t, context, ids_file, llama_python, fmt, step_for(fmt, step))
             sides = tuple(commands)
             before, trials = machine_state(), {side: [] for side in sides}
             for i in range(pairs):
@@ -174,6 +174,12 @@ def course_trial(gguf: str, threads: int, context: int, ids: dict, fmt: str = "i
             "compile_s": step.compile_seconds, "threads": torch.get_num_threads()}
 
 
+def step_for(fmt: str, step: str) -> str:
+    """The course's step on a file whose format is `fmt`: the fused step exists for int4-q8 only, so any other
+    format (int8 on a Q8_0 file) keeps torch.compile's. Example: step_for("int8", "fused") -> 'compiled'"""
+    return step if fmt == "int4-q8" else "compiled"
+
+
 def course_step(model, capacity: int, kind: str = "compiled"):
     """A StaticStep of `capacity` columns: 'compiled' (torch.compile, afresh) or 'fused' (one C++ call a step)."""
     from .compiled import fresh_compiled_step
@@ -195,8 +201,8 @@ def course_model(gguf: str, fmt: str = "int4"):
 
 
 def course_quality(gguf: str, text: list[int], threads: int = 2, fmt: str = "int4", step: str = "compiled") -> dict:
-    """The compiled step's own quality on `text`: each token fed through the compiled step in turn (teacher
-    forcing), perplexity from its logits and the mean KL(float32 model || compiled step) per position, the float32
+    """The course's step's own quality on `text` (`step`: course_step's kind): each token fed through the step in
+    turn (teacher forcing), perplexity from its logits and the mean KL(float32 model || the step) per position, the float32
     model being the course's bundled weights in one ordinary pass."""
     import torch
     from .quality import log_probs

@@ -11,7 +11,8 @@ runs twice per thread count (torch specializes a single row apart from a batch),
 That is the idea of a GPU engine's CUDA graphs captured at start-up, on the CPU; `warm()` pays both compiles
 before a server listens. For the int4-q8 format the step is the course's C++ instead (fused_step: one call a step,
 nothing to compile), which ran faster than torch.compile's on the course's CPU (lesson 12 measures both). A
-scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back in a bucket. Everything else (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
+scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back in a bucket. Everything else
+(a prompt, several tokens at once, another runner's cache) runs the model eagerly.
 Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
 and `why_eager` says why (printed once).
 What it does not do: change the numbers in float32 beyond rounding order (the step attends over its whole bucket

@@ -608,8 +608,9 @@ else:
 # fused step of section 7's first part (`course_step` in the record: one C++ call a token), same machine, same
 # day, same files. In it every interval lies above 1, Q4_0's too: the course decoded faster than llama.cpp's best
 # path on that machine, at one thread and at two, for a short conversation in a cache of 1,024 columns. It says
-# nothing about a longer context, prefill, another CPU, or a server's many rows. That machine was noisier in that hour (llama.cpp's own medians moved between the two
-# sittings): the paired ratios, not the raw rates, are what carry across. A caution about the Q4_0 line: the
+# nothing about a longer context, prefill, another CPU, or a server's many rows. Compare sittings by their paired
+# ratios, not by raw rates: each engine's own rate moves from one hour to the next on a shared machine, and the
+# pairing is what cancels that. A caution about the Q4_0 line: the
 # course's float32 model is the Q4_1 file, so its KL there measures the second rounding that llama.cpp's
 # quantizer added when it made Q4_0, not an error of either engine (their perplexities on that file agree).
 #
