@@ -184,6 +184,12 @@ def test_long_context_section_reports_its_keys(model, tokenizer):
     assert lc["kv8_capacity_ratio"] > 3 and lc["kv8_capacity_ratio_vs_bfloat16"] >= 1.9
     assert lc["kv8_step_ratio"] == pytest.approx(lc["kv_step_ms"]["int8"] / lc["kv_step_ms"]["float"])
     assert lc["kv8_step_ratio_eager"] == pytest.approx(lc["kv_step_ms_eager"]["int8"] / lc["kv_step_ms_eager"]["float"])
+    # the int4-q8 format's fused step on the same two caches, where the course's kernel builds
+    if q4_kernel.available()[0]:
+        assert lc["kv8_step_ratio_fused"] == pytest.approx(lc["kv_step_ms_fused"]["int8"] / lc["kv_step_ms_fused"]["float"])
+        assert "(int4-q8, fused)" in format_report(result) and any("fused step (int4-q8" in t[0] for t in targets(result))
+    else:
+        assert lc["kv8_step_ratio_fused"] is None and lc["kv_step_fused_why_not"]
     # quick: the static step uncompiled (the mechanics), and the report says so
     assert lc["kv_step_context"] == 256 and lc["kv_step_compiled"] is False
     assert "static, not compiled" in format_report(result)

@@ -8,14 +8,19 @@ lookup in Python, then one C++ call for the 30 blocks (norms, the four products 
 key and value written at the cache's column, attention over the columns written so far, SwiGLU, the residual adds),
 then the final norm and the head. Attention reads only the columns up to this step's, whatever the cache's capacity,
 each key/value head once for the query heads that share it; the exponentials (softmax, SiLU) are computed 8 at a
-time by a polynomial within 2 units in the last place.
+time by a polynomial within 2 units in the last place. On an 8-bit cache (engine.long_context.QuantizedKVCache with
+bits=8) it stores the new key and value by quantize_rows' rule and reads the integers in place: each is turned into
+a float in a register, the score multiplied by its key's scale and the attention weight by its value's (the static
+step's _Int8Columns does the same in torch), so no float copy of the cache is written.
 Why: at one row a step's products are about half its time; the other half was calling (about 4,000 operators from
 Python, or a compiled graph's guards and extern calls), not arithmetic. torch.compile did not remove it on the course's
 CPU; writing the glue as loops did. Measured on the AMD course machine (AVX-512 VNNI), one thread, int4-q8, a short
 context, 2026-12-06: on the Q4_0 file a step took 8.75 ms compiled by torch.compile (under the profiler: the course's
 kernel 4.7 ms of it, the graph's own code 2.7, dynamo's guard checks 0.66), 6.0 ms fused with scalar attention; on
 the bundled Q4_1 file 4.6-5.2 ms fused as written now, the products and the head alone 3.9.
-What it does not do: run the float or int4 formats (torch's kernels), an 8-bit cache, a paged cache, a GPU, or
+Measured 2026-12-07, same machine, one thread, one row, random caches (data/benchmarks/fused-kv8-cpu-2026-12-07-*):
+the 8-bit cache's step against the float one's 0.81x at 1,024 tokens, 0.77x at 2,048, 0.68x at 4,096.
+What it does not do: run the float or int4 formats (torch's kernels), a 4-bit cache, a paged cache, a GPU, or
 several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
 rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
 real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can flip, as with the compiled
@@ -45,7 +50,7 @@ def why_not_fused(model) -> str:
 
 
 class FusedDecode:
-    """B rows' decode step in one C++ call, over a float KVCache. Example:
+    """B rows' decode step in one C++ call, over a float32 KVCache or an 8-bit QuantizedKVCache. Example:
     step = FusedDecode(convert(ours, "int4-q8")); logits = step([[token]], cache)  # (1, 1, V)"""
 
     def __init__(self, model):
@@ -60,18 +65,23 @@ class FusedDecode:
 
     @staticmethod
     def fits(cache) -> bool:
-        """Whether the step runs on `cache`: the course's float32 KVCache, contiguous, with room for one column."""
+        """Whether the step runs on `cache`: the course's float32 KVCache or an 8-bit QuantizedKVCache of a float32
+        model, contiguous, with room for one column."""
         keys = getattr(cache, "keys", None)
-        return (isinstance(keys, list) and bool(keys) and not hasattr(cache, "bits") and keys[0].dtype == torch.float32
-                and keys[0].is_contiguous() and cache.length < keys[0].shape[2])
+        if not (isinstance(keys, list) and bool(keys) and keys[0].is_contiguous() and cache.length < keys[0].shape[2]):
+            return False
+        if hasattr(cache, "bits"):
+            return cache.bits == 8 and cache.dtype == torch.float32 and keys[0].dtype == torch.int8
+        return keys[0].dtype == torch.float32
 
     def __call__(self, tokens, cache, positions: torch.Tensor | None = None,
                  key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row at the cache's next column; (B, 1, V) logits. positions (B,) (default: the column);
         key_mask (B, capacity) bool, True where a row holds a token (default: every column)."""
         if not self.fits(cache):
-            raise ValueError(f"the fused step runs on the course's float32 KVCache with room left; got "
-                             f"{type(cache).__name__} at length {getattr(cache, 'length', '?')}")
+            raise ValueError(f"the fused step runs on the course's float32 KVCache (or an 8-bit QuantizedKVCache) "
+                             f"with room left; got {type(cache).__name__} at length {getattr(cache, 'length', '?')}"
+                             + (f" in {cache.bits} bits" if hasattr(cache, "bits") else ""))
         column, capacity = cache.length, cache.keys[0].shape[2]
         with torch.inference_mode():
             tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)  # (B,)
@@ -86,9 +96,10 @@ class FusedDecode:
             if key_mask is None:
                 key_mask = torch.ones(rows, capacity, dtype=torch.bool)
             x = F.embedding(tokens, self.model.embedding)  # (B, hidden)
-            out = self.code.decode_layers(x, self.parts, cache.keys, cache.values, cos.contiguous(), sin.contiguous(),
-                                          key_mask.contiguous(), column, self.model.heads, self.model.kv_heads,
-                                          self.model.eps)
+            scales = (cache.key_scales, cache.value_scales) if hasattr(cache, "bits") else ([], [])
+            out = self.code.decode_layers(x, self.parts, cache.keys, cache.values, *scales, cos.contiguous(),
+                                          sin.contiguous(), key_mask.contiguous(), column, self.model.heads,
+                                          self.model.kv_heads, self.model.eps)
             logits = head(self.model, out[:, None])  # (B, 1, V)
         cache.length = column + 1
         return logits

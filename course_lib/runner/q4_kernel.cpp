@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 // Weights in tiles of 8 outputs by blocks of 32 inputs. 4 bits: 128 bytes of nibbles (byte 32i + 4j + e holds
@@ -35,17 +37,19 @@ static void quantize_row(const T* x, int64_t K, int8_t* q, float* scales, float*
   }
 }
 
-// R rows (at most 4) times one tile of 8 outputs, over all K/32 blocks
+// R rows (at most 8) times one tile of 8 outputs, over all K/32 blocks. C sums per row, added at the block's end:
+// a byte product waits on the one before it in its sum, so with few rows the sums are split to keep the unit busy
 template <int R, int KIND>
 static inline void tile_rows(const uint8_t* w, int64_t blocks, const int8_t* q, const float* sc, const float* su,
                              int64_t K, __m256* acc) {
+  constexpr int C = R >= 8 ? 1 : R >= 4 ? 2 : 4;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   (void)ones;  // the VNNI build adds its byte products without it
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* wb = w + b * block_bytes(KIND);
-    __m256i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+    __m256i sums[R][C];
+    for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) sums[r][c] = _mm256_setzero_si256();
     if (KIND != Q8) {
       for (int i = 0; i < 4; ++i) {
         const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * i));
@@ -55,37 +59,43 @@ static inline void tile_rows(const uint8_t* w, int64_t blocks, const int8_t* q, 
           int32_t a_lo, a_hi;
           std::memcpy(&a_lo, a, 4);
           std::memcpy(&a_hi, a + 16, 4);
-#ifdef COURSE_VNNI  // one instruction: 4 byte products added into each 32-bit lane
-          sums[r] = _mm256_dpbusd_epi32(sums[r], lo, _mm256_set1_epi32(a_lo));
-          sums[r] = _mm256_dpbusd_epi32(sums[r], hi, _mm256_set1_epi32(a_hi));
+          __m256i& s0 = sums[r][(2 * i) % C];
+          __m256i& s1 = sums[r][(2 * i + 1) % C];
+#ifdef COURSE_VNNI
+          s0 = _mm256_dpbusd_epi32(s0, lo, _mm256_set1_epi32(a_lo));
+          s1 = _mm256_dpbusd_epi32(s1, hi, _mm256_set1_epi32(a_hi));
 #else     // 16-bit lanes: pairs of products (at most 2 * 15 * 127), 8 such added (at most 30,480 < 32,767)
-          sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a_lo)));
-          sums[r] = _mm256_add_epi16(sums[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a_hi)));
+          s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(a_lo)));
+          s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(a_hi)));
 #endif
         }
       }
 #ifndef COURSE_VNNI
-      for (int r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(sums[r], ones);
+      for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) sums[r][c] = _mm256_madd_epi16(sums[r][c], ones);
 #endif
     } else {
-      for (int c = 0; c < 8; ++c) {
-        const __m256i wc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * c));
+      for (int c8 = 0; c8 < 8; ++c8) {
+        const __m256i wc = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * c8));
         const __m256i size = _mm256_sign_epi8(wc, wc);  // maddubs wants its first operand unsigned: |w| and a * sign(w)
         for (int r = 0; r < R; ++r) {
           int32_t a4;
-          std::memcpy(&a4, q + r * K + 32 * b + 4 * c, 4);
+          std::memcpy(&a4, q + r * K + 32 * b + 4 * c8, 4);
+          __m256i& s = sums[r][c8 % C];
 #ifdef COURSE_VNNI
-          sums[r] = _mm256_dpbusd_epi32(sums[r], size, _mm256_sign_epi8(_mm256_set1_epi32(a4), wc));
+          s = _mm256_dpbusd_epi32(s, size, _mm256_sign_epi8(_mm256_set1_epi32(a4), wc));
 #else
           const __m256i pairs = _mm256_maddubs_epi16(size, _mm256_sign_epi8(_mm256_set1_epi32(a4), wc));
-          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));  // pairs reach 2 * 127 * 127: to 32 bits now
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));  // pairs reach 2 * 127 * 127: to 32 bits now
 #endif
         }
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + (KIND == Q8 ? 256 : 128))));
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(sc[r * (K / 32) + b])), acc[r]);
+    for (int r = 0; r < R; ++r) {
+      __m256i total = sums[r][0];
+      for (int c = 1; c < C; ++c) total = _mm256_add_epi32(total, sums[r][c]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(total), _mm256_mul_ps(d, _mm256_set1_ps(sc[r * (K / 32) + b])), acc[r]);
+    }
     if (KIND != Q8) {  // Q4_0's minimum is -8 d: no bytes for it
       const __m256 m = KIND == Q41 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 144)))
                                    : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
@@ -116,10 +126,10 @@ static void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& o
   T* o = out.data_ptr<T>();
   const int64_t tile_bytes = blocks * block_bytes(KIND);
   at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    __m256 acc[4];
+    __m256 acc[8];
     for (int64_t t = begin; t < end; ++t) {
-      for (int64_t r0 = 0; r0 < M; r0 += 4) {
-        const int rows = static_cast<int>(std::min<int64_t>(4, M - r0));
+      for (int64_t r0 = 0; r0 < M; r0 += 8) {
+        const int rows = static_cast<int>(std::min<int64_t>(8, M - r0));
         const int8_t* qr = q.data() + r0 * K;
         const float *scr = sc.data() + r0 * blocks, *sur = su.data() + r0 * blocks;
         const uint8_t* wt = ws + t * tile_bytes;
@@ -127,7 +137,11 @@ static void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& o
           case 1: tile_rows<1, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
           case 2: tile_rows<2, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
           case 3: tile_rows<3, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
-          default: tile_rows<4, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
+          case 4: tile_rows<4, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
+          case 5: tile_rows<5, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
+          case 6: tile_rows<6, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
+          case 7: tile_rows<7, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
+          default: tile_rows<8, KIND>(wt, blocks, qr, scr, sur, K, acc); break;
         }
         for (int r = 0; r < rows; ++r) store8(o + (r0 + r) * N + 8 * t, acc[r]);
       }
@@ -185,27 +199,24 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
-static inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+// 8 numbers of a cache column as floats: a float cache's as they are, an 8-bit cache's integers converted
+static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+static inline float hsum(__m256 v) {
+  __m128 sum = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   sum = _mm_hadd_ps(sum, sum);
   return _mm_cvtss_f32(_mm_hadd_ps(sum, sum));
 }
 
-// q times 4 consecutive rows of k (each n long, n a multiple of 8) -> out[0..3]: four independent sums, so the
-// multiply-adds do not wait on each other
-static inline void dot4(const float* q, const float* k, int64_t n, float* out) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t i = 0; i < n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(q + i);
-    a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + i), a0);
-    a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + n + i), a1);
-    a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 2 * n + i), a2);
-    a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + 3 * n + i), a3);
-  }
-  const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+// q times one column of k (n numbers, a multiple of 8)
+template <typename T>
+static inline float dot(const float* q, const T* k, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i), acc);
+  return hsum(acc);
 }
 
 static void rotate(float* x, const float* cos, const float* sin, int64_t D) {  // pairs (i, i + D/2), as apply_rotary
@@ -217,39 +228,266 @@ static void rotate(float* x, const float* cos, const float* sin, int64_t D) {  /
   }
 }
 
+// this step's key or value (D floats) into its cache column: copied (float cache), or rounded to 8 bits with one
+// float16 scale, as runner/kv_cache.py's quantize_rows does it (scale = largest magnitude / 127, at least 1e-8,
+// rounded to float16; each number divided by it, rounded half to even, within -127..127)
+static inline void store_column(float* column, at::Half*, const float* x, int64_t D) {
+  std::memcpy(column, x, D * sizeof(float));
+}
+static inline void store_column(int8_t* column, at::Half* scale, const float* x, int64_t D) {
+  float top = 0.f;
+  for (int64_t d = 0; d < D; ++d) top = std::max(top, std::fabs(x[d]));
+  const at::Half half_scale = static_cast<at::Half>(std::max(top / 127.f, 1e-8f));
+  const float step = static_cast<float>(half_scale);
+  for (int64_t d = 0; d < D; ++d)
+    column[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[d] / step))));
+  *scale = half_scale;
+}
+
+// each of the G rows of scores w (span each) -> attention weights: an 8-bit key's scale multiplies its score and a
+// value's scale its weight (as the static step's _Int8Columns); a hidden column (ok false) weighs exactly 0
+static void softmax_rows(float* w, const at::Half* ks, const at::Half* vs, const bool* ok, int64_t span, int64_t G,
+                         float scale) {
+  for (int64_t j = 0; j < G; ++j) {
+    float* wj = w + j * span;
+    float top = -INFINITY;
+    int64_t s = 0;
+    for (; s < span; ++s) {  // an 8-bit key's scale multiplies its score, as the static step's _Int8Columns
+      wj[s] = ok[s] ? wj[s] * scale * (ks ? static_cast<float>(ks[s]) : 1.f) : -INFINITY;
+      top = std::max(top, wj[s]);
+    }
+    for (s = 0; s + 8 <= span; s += 8)
+      _mm256_storeu_ps(wj + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(top))));
+    for (; s < span; ++s) wj[s] = std::exp(wj[s] - top);
+    float total = 0.f;
+    for (s = 0; s < span; ++s) {
+      wj[s] = ok[s] ? wj[s] : 0.f;  // a hidden column weighs nothing, exactly
+      total += wj[s];
+    }
+    const float inv = 1.f / total;  // total > 0: a row sees at least one column (its own, written this step)
+    for (s = 0; s < span; ++s) wj[s] *= inv * (vs ? static_cast<float>(vs[s]) : 1.f);  // a value's scale: its weight
+  }
+}
+
+// q times 8 consecutive columns of k (each n floats, n a multiple of 8) -> out[0..7]: eight independent sums
+static inline void eight_dots(const float* q, const float* k, int64_t n, float* out) {
+  __m256 a[8];
+  for (int c = 0; c < 8; ++c) a[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(q + i);
+    for (int c = 0; c < 8; ++c) a[c] = _mm256_fmadd_ps(x, _mm256_loadu_ps(k + c * n + i), a[c]);
+  }
+  // pairs added within 128-bit halves, then the halves: the eight sums in order
+  const __m256 lo = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)));
+}
+
+// A float cache: one query head at a time over the whole span (8 columns' sums at once, then 64 numbers of the
+// head in 8 registers). Measured on the course's machine faster than the tiles below for float keys up to 1,024
+// tokens and 8 rows (a head's keys and values stay in the processor's cache between its query heads there);
+// at 4,096 tokens, one row, the tiles were a few percent faster.
+static void attend_per_head(const float* q, const float* kb, const float* vb, const bool* ok, int64_t span, int64_t G,
+                            int64_t D, float scale, float* w, float* out) {
+  for (int64_t j = 0; j < G; ++j) {
+    int64_t s = 0;
+    for (; s + 8 <= span; s += 8) eight_dots(q + j * D, kb + s * D, D, w + j * span + s);
+    for (; s < span; ++s) w[j * span + s] = dot(q + j * D, kb + s * D, D);
+  }
+  softmax_rows(w, nullptr, nullptr, ok, span, G, scale);
+  for (int64_t j = 0; j < G; ++j) {
+    const float* wj = w + j * span;
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+      __m256 acc[8];
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+      for (int64_t s = 0; s < span; ++s) {
+        if (!ok[s]) continue;  // never read: its weight is 0, and 0 times an unwritten number may not be
+        const __m256 ws = _mm256_set1_ps(wj[s]);
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vb + s * D + d0 + 8 * c), acc[c]);
+      }
+      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + j * D + d0 + 8 * c, acc[c]);
+    }
+    for (; d0 < D; d0 += 8) {  // the last 8..56 numbers of a head whose size is not a multiple of 64
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t s = 0; s < span; ++s)
+        if (ok[s]) acc = _mm256_fmadd_ps(_mm256_set1_ps(wj[s]), _mm256_loadu_ps(vb + s * D + d0), acc);
+      _mm256_storeu_ps(out + j * D + d0, acc);
+    }
+  }
+}
+
+// The scores of a tile of columns [a, z) for the G query heads at once (G a constant: each key is loaded, and an
+// 8-bit one converted, once for all G heads; 4 columns x G heads of independent sums)
+template <int G, typename T>
+static inline void tile_scores(const float* q, const T* kb, int64_t a, int64_t z, int64_t span, int64_t D, float* w) {
+  int64_t s = a;
+  for (; s + 4 <= z; s += 4) {
+    __m256 acc[G][4];
+    for (int j = 0; j < G; ++j)
+      for (int c = 0; c < 4; ++c) acc[j][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < D; i += 8) {
+      __m256 k[4];
+      for (int c = 0; c < 4; ++c) k[c] = load8(kb + (s + c) * D + i);
+      for (int j = 0; j < G; ++j) {
+        const __m256 x = _mm256_loadu_ps(q + j * D + i);
+        for (int c = 0; c < 4; ++c) acc[j][c] = _mm256_fmadd_ps(x, k[c], acc[j][c]);
+      }
+    }
+    for (int j = 0; j < G; ++j) {  // the four sums of head j: pairs added within 128-bit halves, then the halves
+      const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps(acc[j][0], acc[j][1]), _mm256_hadd_ps(acc[j][2], acc[j][3]));
+      _mm_storeu_ps(w + j * span + s, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+    }
+  }
+  for (; s < z; ++s)
+    for (int j = 0; j < G; ++j) w[j * span + s] = dot(q + j * D, kb + s * D, D);
+}
+
+// out (G, N * 8) += the tile's columns [a, z) of N * 8 numbers of the values (vb: (capacity, D), already offset to
+// those numbers) weighted by w (G rows of span): each value loaded, and an 8-bit one converted, once for the G
+// heads; N registers of sums per head
+template <int G, int N, typename T>
+static inline void tile_values(const float* w, const T* vb, const bool* ok, int64_t a, int64_t z, int64_t span,
+                               int64_t D, float* out) {
+  __m256 acc[G][N];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < N; ++c) acc[j][c] = _mm256_loadu_ps(out + j * D + 8 * c);
+  for (int64_t s = a; s < z; ++s) {
+    if (!ok[s]) continue;  // never read: its weight is 0, and 0 times an unwritten number may not be
+    __m256 v[N];
+    for (int c = 0; c < N; ++c) v[c] = load8(vb + s * D + 8 * c);
+    for (int j = 0; j < G; ++j) {
+      const __m256 ws = _mm256_set1_ps(w[j * span + s]);
+      for (int c = 0; c < N; ++c) acc[j][c] = _mm256_fmadd_ps(ws, v[c], acc[j][c]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < N; ++c) _mm256_storeu_ps(out + j * D + 8 * c, acc[j][c]);
+}
+
+// the head's numbers 32 at a time (4 registers a head), the last 8, 16 or 24 with fewer
+template <int G, typename T>
+static inline void tile_all_values(const float* w, const T* vb, const bool* ok, int64_t a, int64_t z, int64_t span,
+                                   int64_t D, float* out) {
+  for (int64_t d0 = 0; d0 < D; d0 += 32) {
+    switch (std::min<int64_t>(32, D - d0) / 8) {
+      case 1: tile_values<G, 1>(w, vb + d0, ok, a, z, span, D, out + d0); break;
+      case 2: tile_values<G, 2>(w, vb + d0, ok, a, z, span, D, out + d0); break;
+      case 3: tile_values<G, 3>(w, vb + d0, ok, a, z, span, D, out + d0); break;
+      default: tile_values<G, 4>(w, vb + d0, ok, a, z, span, D, out + d0); break;
+    }
+  }
+}
+
+// One row's G query heads (q: (G, D)) against one key/value head's columns 0..span-1 (kb, vb: (capacity, D); ks,
+// vs: an 8-bit cache's scales per column, nullptr for a float cache), the columns where ok[s] is false left out;
+// the result (G, D) into out. w: room for G * span scores. Columns are taken a tile at a time for all G heads, so
+// each key and value comes from memory once and is read again from the nearest cache (a head's keys at 4,096
+// tokens are 1 MB in float32: read whole once per query head, they had fallen out of it by the next).
+constexpr int64_t COLUMN_TILE = 64;
+
+template <int G, typename T>
+static void attend_group(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
+                         const bool* ok, int64_t span, int64_t D, float scale, float* w, float* out) {
+  for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_scores<G>(q, kb, a, std::min(span, a + COLUMN_TILE), span, D, w);
+  softmax_rows(w, ks, vs, ok, span, G, scale);
+  std::fill(out, out + G * D, 0.f);
+  for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_all_values<G>(w, vb, ok, a, std::min(span, a + COLUMN_TILE), span, D, out);
+}
+
+// G a constant for the register plans above: query heads per key/value head 1 to 4 (a model with more takes them
+// in groups of at most 4 heads, each group reading the keys and values once)
+template <typename T>
+static void attend_heads(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
+                         const bool* ok, int64_t span, int64_t G, int64_t D, float scale, float* w, float* out) {
+  if constexpr (std::is_same<T, float>::value) {
+    attend_per_head(q, kb, vb, ok, span, G, D, scale, w, out);
+    return;
+  }
+  for (int64_t j = 0; j < G; j += 4) {
+    const int64_t n = std::min<int64_t>(4, G - j);
+    const float* qj = q + j * D;
+    float* oj = out + j * D;
+    switch (n) {
+      case 1: attend_group<1>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+      case 2: attend_group<2>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+      case 3: attend_group<3>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+      default: attend_group<4>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+    }
+  }
+}
+
+// attention of every row and key/value head for one layer, after writing this step's keys and values at `column`:
+// qkv (B, (H + 2 KV) D) rotated; K, V (B, KV, capacity, D) and for an 8-bit cache their scales (B, KV, capacity)
+template <typename T>
+static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* vs, const bool* ok, int64_t B,
+                         int64_t heads, int64_t KV, int64_t D, int64_t capacity, int64_t column, float* att) {
+  const int64_t G = heads / KV, width = (heads + 2 * KV) * D, span = column + 1;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t g = 0; g < KV; ++g) {
+      const int64_t cell = (b * KV + g) * capacity + column;
+      store_column(K + cell * D, ks ? ks + cell : nullptr, qkv + b * width + (heads + g) * D, D);
+      store_column(V + cell * D, vs ? vs + cell : nullptr, qkv + b * width + (heads + KV + g) * D, D);
+    }
+  // per row and key/value head, its G query heads together, so each key and value comes from memory once
+  at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(G * span);
+    for (int64_t bg = begin; bg < end; ++bg) {
+      const int64_t b = bg / KV, first = bg * capacity;
+      attend_heads(qkv + b * width + (bg % KV) * G * D, K + first * D, V + first * D, ks ? ks + first : nullptr,
+                   vs ? vs + first : nullptr, ok + b * capacity, span, G, D, scale, w.data(),
+                   att + b * heads * D + (bg % KV) * G * D);
+    }
+  });
+}
+
 // x (B, hidden) float32 after the embedding; per layer 6 tensors in `parts`: attn_norm, qkv, o, mlp_norm, gate_up,
-// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D) float32, this
-// step's column written; cos, sin (B, D); seen (B, capacity) bool: the columns each row may read (only columns up to
-// `column` are read at all). Returns the last block's output (B, hidden): the final norm and head run after it.
+// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D): float32, or int8
+// with `key_scales` and `value_scales` per layer (B, KV, capacity, 1) float16 (engine.long_context.QuantizedKVCache
+// with 8 bits; empty lists for a float cache); this step's column is written. cos, sin (B, D); seen (B, capacity)
+// bool: the columns each row may read (only columns up to `column` are read at all). Returns the last block's
+// output (B, hidden): the final norm and head run after it.
 torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
-                            std::vector<torch::Tensor> values, torch::Tensor cos, torch::Tensor sin, torch::Tensor seen,
-                            int64_t column, int64_t heads, int64_t kv_heads, double eps) {
+                            std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
+                            std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
+                            torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be (rows, hidden) float32");
   const int64_t L = static_cast<int64_t>(keys.size()), B = x.size(0), hidden = x.size(1);
   TORCH_CHECK(L > 0 && static_cast<int64_t>(parts.size()) == 6 * L && static_cast<int64_t>(values.size()) == L,
               "six parts and one key and value tensor per layer");
-  const int64_t KV = kv_heads, G = heads / kv_heads, D = keys[0].size(3), capacity = keys[0].size(2);
+  const bool int8 = !key_scales.empty();
+  TORCH_CHECK(int8 ? static_cast<int64_t>(key_scales.size()) == L && static_cast<int64_t>(value_scales.size()) == L
+                   : value_scales.empty(), "scales for every layer's keys and values (an 8-bit cache) or for none");
+  TORCH_CHECK(keys[0].dim() == 4, "keys and values must be (rows, kv heads, capacity, D)");
+  const int64_t KV = kv_heads, D = keys[0].size(3), capacity = keys[0].size(2);
   TORCH_CHECK(column >= 0 && column < capacity, "the column must lie inside the cache");
   TORCH_CHECK(D % 8 == 0 && heads % kv_heads == 0, "the head dimension must be a multiple of 8, the query heads of the key/value heads");
   TORCH_CHECK(seen.scalar_type() == torch::kBool && seen.is_contiguous() && seen.size(0) == B && seen.size(1) == capacity,
               "seen must be (rows, capacity) bool");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == B &&
               cos.size(1) == D && sin.sizes() == cos.sizes(), "cos and sin must be (rows, D) float32");
-  for (int64_t l = 0; l < L; ++l)
-    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == torch::kFloat &&
-                keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity,
-                values[l].scalar_type() == torch::kFloat && values[l].sizes() == keys[l].sizes() &&
+  const auto kind = int8 ? torch::kChar : torch::kFloat;
+  for (int64_t l = 0; l < L; ++l) {
+    TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == kind &&
+                keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity &&
+                values[l].scalar_type() == kind && values[l].sizes() == keys[l].sizes() &&
                 parts[6 * l].numel() == hidden && parts[6 * l + 3].numel() == hidden,
-                "keys and values must be (rows, kv heads, capacity, D) float32, contiguous; norms of the hidden size");
+                "keys and values must be (rows, kv heads, capacity, D), contiguous, float32 (or int8 with scales); "
+                "norms of the hidden size");
+    if (int8)
+      TORCH_CHECK(key_scales[l].is_contiguous() && value_scales[l].is_contiguous() &&
+                  key_scales[l].scalar_type() == torch::kHalf && value_scales[l].scalar_type() == torch::kHalf &&
+                  key_scales[l].numel() == B * KV * capacity && value_scales[l].numel() == B * KV * capacity,
+                  "an 8-bit cache's scales must be (rows, kv heads, capacity, 1) float16, contiguous");
+  }
   x = x.clone();
   float* xs = x.data_ptr<float>();
   auto h = torch::empty_like(x);
   float* hs = h.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
-  const bool* ok = seen.data_ptr<bool>();
-  const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  const int64_t width = (heads + 2 * KV) * D, span = column + 1;
+  const int64_t width = (heads + 2 * KV) * D;
   auto attended = torch::empty({B, heads * D}, x.options());
   float* att = attended.data_ptr<float>();
   for (int64_t l = 0; l < L; ++l) {
@@ -257,60 +495,14 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
     for (int64_t b = 0; b < B; ++b) rms_norm(xs + b * hidden, p[0].data_ptr<float>(), eps, hidden, hs + b * hidden);
     auto qkv = block_product(h, p[1]);  // (B, (H + 2 KV) D)
     float* qs = qkv.data_ptr<float>();
-    float* K = keys[l].data_ptr<float>();
-    float* V = values[l].data_ptr<float>();
-    for (int64_t b = 0; b < B; ++b) {
-      float* row = qs + b * width;
-      for (int64_t i = 0; i < heads + KV; ++i) rotate(row + i * D, cs + b * D, sn + b * D, D);
-      for (int64_t g = 0; g < KV; ++g) {
-        std::memcpy(K + ((b * KV + g) * capacity + column) * D, row + (heads + g) * D, D * sizeof(float));
-        std::memcpy(V + ((b * KV + g) * capacity + column) * D, row + (heads + KV + g) * D, D * sizeof(float));
-      }
-    }
-    // attention: per row and key/value head, its G query heads together, so each key and value is read once
-    at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> w(G * span);
-      for (int64_t bg = begin; bg < end; ++bg) {
-        const int64_t b = bg / KV, g = bg % KV;
-        const float* q = qs + b * width + g * G * D;  // (G, D): query heads g G .. g G + G - 1
-        const float* kb = K + (b * KV + g) * capacity * D;
-        const float* vb = V + (b * KV + g) * capacity * D;
-        const bool* okb = ok + b * capacity;
-        std::vector<float> top(G, -INFINITY), total(G, 0.f);
-        for (int64_t j = 0; j < G; ++j) {
-          float* wj = w.data() + j * span;
-          int64_t s = 0;
-          for (; s + 4 <= span; s += 4) dot4(q + j * D, kb + s * D, D, wj + s);  // four columns' chains at once
-          for (; s < span; ++s) wj[s] = dot(q + j * D, kb + s * D, D);
-          for (s = 0; s < span; ++s) {
-            wj[s] = okb[s] ? wj[s] * scale : -INFINITY;
-            top[j] = std::max(top[j], wj[s]);
-          }
-        }
-        for (int64_t j = 0; j < G; ++j) {
-          float* wj = w.data() + j * span;
-          int64_t s = 0;
-          for (; s + 8 <= span; s += 8)
-            _mm256_storeu_ps(wj + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(top[j]))));
-          for (; s < span; ++s) wj[s] = std::exp(wj[s] - top[j]);
-          for (s = 0; s < span; ++s) {
-            wj[s] = okb[s] ? wj[s] : 0.f;  // a hidden column weighs nothing, exactly
-            total[j] += wj[s];
-          }
-        }
-        float* out = att + b * heads * D + g * G * D;  // (G, D)
-        std::fill(out, out + G * D, 0.f);
-        for (int64_t s = 0; s < span; ++s) {
-          if (!okb[s]) continue;
-          for (int64_t j = 0; j < G; ++j) {  // total > 0: a row sees at least one column, or its weights are all 0
-            const __m256 ws = _mm256_set1_ps(w[j * span + s] / total[j]);
-            for (int64_t d = 0; d < D; d += 8)
-              _mm256_storeu_ps(out + j * D + d, _mm256_fmadd_ps(ws, _mm256_loadu_ps(vb + s * D + d),
-                                                                _mm256_loadu_ps(out + j * D + d)));
-          }
-        }
-      }
-    });
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < heads + KV; ++i) rotate(qs + b * width + i * D, cs + b * D, sn + b * D, D);
+    if (int8)
+      attend_layer(qs, keys[l].data_ptr<int8_t>(), values[l].data_ptr<int8_t>(), key_scales[l].data_ptr<at::Half>(),
+                   value_scales[l].data_ptr<at::Half>(), seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
+    else
+      attend_layer(qs, keys[l].data_ptr<float>(), values[l].data_ptr<float>(), nullptr, nullptr,
+                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
     auto o = block_product(attended, p[2]);
     const float* os = o.data_ptr<float>();
     for (int64_t i = 0; i < B * hidden; ++i) xs[i] += os[i];

@@ -209,8 +209,36 @@ for name in ("int8", "int4"):
 # attention weight by its value's scale, and lets the compiler turn the integers into floats just before each
 # product, so no float copy of the whole cache is written. Compiling takes minutes on a laptop's CPU, so this
 # lesson does not do it; the bench does (`python -m course_lib bench --only long_context`), with the float and the
-# 8-bit cache alternated, and the last cell of section 4 prints its committed run. Read its ratio for what it is:
-# one machine, one thread count, a cache of random numbers, a single row.
+# 8-bit cache alternated, and the last cell of section 4 prints its committed run.
+#
+# Lesson 12's fused step (the int4-q8 format's whole decode step as one C++ call) needs no compiling, so it can
+# be timed here. It reads the 8-bit cache in place too: each key's integers become floats in a register, the
+# score is multiplied by that column's scale, and the value's scale goes into its attention weight. The cell
+# builds the int4-q8 model and times one step at 512 and at 2,048 tokens of context on each cache, alternated (the
+# caches hold random numbers: the time does not depend on them). Where the course's kernel cannot be built, it
+# says why.
+
+# %%
+from course_lib.measure.long_context import static_step_ms
+from course_lib.runner.fused_step import why_not_fused
+
+q8 = convert(ours, "int4-q8")
+reason = why_not_fused(q8)
+if reason:
+    print("the fused step does not run here:", reason)
+else:
+    for context in (512, 2048):
+        fused_ms = static_step_ms(q8, context - 1, rounds=5, fused=True)
+        print(f"fused step (int4-q8 weights), {context:,} tokens: float cache {fused_ms['float']:.1f} ms, "
+              f"8-bit cache {fused_ms['int8']:.1f} ms ({fused_ms['int8'] / fused_ms['float']:.2f}x)")
+    print(f"the eager step above at 2,048 (float32 weights): float cache {ms['float']:.1f} ms, 8-bit {ms['int8']:.1f} ms")
+
+# %% [markdown]
+# Read each fused line as a pair: the weights are the same for both caches, so the difference is the cache's
+# bytes and the work of reading them. A float32 key or value is 4 bytes a number and an 8-bit one is 1 byte plus
+# a scale per 64 numbers, so the cache's share of a step grows with the context, and so should what the integers
+# save: compare the two lines' ratios. One machine, one row, the thread count torch uses here; the bench's
+# section repeats it at 4,096 tokens.
 #
 # ## 4. What the model can still find
 #
@@ -238,6 +266,10 @@ if committed:
           f"sinks {lc['ppl_sinks']:.2f}, full {lc['ppl_full']:.2f}; past the model's window: "
           + ", ".join(f"{n} {p:.2f}" for n, p in lc["ppl_past_model_window"].items()))
     print(f"  8-bit cache: perplexity x{lc['kv8_ppl_ratio']:.4f}, {lc['kv8_capacity_ratio']:.2f}x the tokens")
+    if lc.get("kv_step_ms_fused"):  # runs from after the fused step read the 8-bit cache
+        print(f"  through the fused step (int4-q8) at {lc['kv_step_context']} tokens: "
+              + ", ".join(f"{n} {v:.1f} ms" for n, v in lc["kv_step_ms_fused"].items())
+              + f" (x{lc['kv8_step_ratio_fused']:.2f})")
     if "kv_step_compiled" in lc:  # runs from before the compiled step read the 8-bit cache timed the eager step only
         print(f"  step with the 8-bit cache against the float one: x{lc['kv8_step_ratio_eager']:.2f} eager at "
               f"{lc['kv_step_context_eager']} tokens; x{lc['kv8_step_ratio']:.2f} through the "
@@ -274,7 +306,8 @@ else:
 #   separates the two windows.
 # - An 8-bit cache with one scale per token and head stores the same context in about a quarter of the float32
 #   bytes; section 3 printed its perplexity change (and the 4-bit cache's) and what it cost per step here, where
-#   the integers become a float copy first; the compiled step reads them without that copy (the bench's figure).
+#   the integers become a float copy first; the compiled step reads them without that copy (the bench's figure),
+#   and so does lesson 12's fused step, timed here against the float cache at the same context.
 # - A fact planted in a long text: section 4 printed what the 135M model answered, cell by cell.
 #
 # ---
