@@ -18,8 +18,9 @@ CPU; writing the glue as loops did. Measured on the AMD course machine (AVX-512 
 context, 2026-12-06: on the Q4_0 file a step took 8.75 ms compiled by torch.compile (under the profiler: the course's
 kernel 4.7 ms of it, the graph's own code 2.7, dynamo's guard checks 0.66), 6.0 ms fused with scalar attention; on
 the bundled Q4_1 file 4.6-5.2 ms fused as written now, the products and the head alone 3.9.
-Measured 2026-12-07, same machine, one thread, one row, random caches (data/benchmarks/fused-kv8-cpu-2026-12-07-*):
-the 8-bit cache's step against the float one's 0.81x at 1,024 tokens, 0.77x at 2,048, 0.68x at 4,096.
+Measured 2026-12-07, same machine, one row, random caches (data/benchmarks/fused-kv8-cpu-2026-12-07.json, two fresh
+processes at one thread): the 8-bit cache's step against the float cache's 0.78-0.82x at 1,024 tokens, 0.68-0.71x at
+2,048, 0.56-0.58x at 4,096 (12.1-13.0 ms against 21.0-23.2); at two threads 0.78x / 0.69x / 0.61x.
 What it does not do: run the float or int4 formats (torch's kernels), a 4-bit cache, a paged cache, a GPU, or
 several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
 rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
