@@ -7,8 +7,9 @@ and runs a step with StaticDecode's contract (tokens, cache, positions, key_mask
 lookup in Python, then one C++ call for the 30 blocks (norms, the four products of each block, rotary, this token's
 key and value written at the cache's column, attention over the columns written so far, SwiGLU, the residual adds),
 then the final norm and the head. Attention reads only the columns up to this step's, whatever the cache's capacity,
-each key/value head once for the query heads that share it; the exponentials (softmax, SiLU) are computed 8 at a
-time by a polynomial within 2 units in the last place. On an 8-bit cache (engine.long_context.QuantizedKVCache with
+and takes the query heads that share a key/value head together (on a float cache one after the other, the head's
+keys and values read again from the processor's cache; on an 8-bit cache a tile of columns for all of them). The
+exponentials (softmax, SiLU) are computed 8 at a time by a polynomial within 2 units in the last place. On an 8-bit cache (engine.long_context.QuantizedKVCache with
 bits=8) it stores the new key and value by quantize_rows' rule and reads the integers in place: each is turned into
 a float in a register, the score multiplied by its key's scale and the attention weight by its value's (the static
 step's _Int8Columns does the same in torch), so no float copy of the cache is written.

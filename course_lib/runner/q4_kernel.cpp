@@ -382,8 +382,7 @@ static inline void tile_all_values(const float* w, const T* vb, const bool* ok, 
 // One row's G query heads (q: (G, D)) against one key/value head's columns 0..span-1 (kb, vb: (capacity, D); ks,
 // vs: an 8-bit cache's scales per column, nullptr for a float cache), the columns where ok[s] is false left out;
 // the result (G, D) into out. w: room for G * span scores. Columns are taken a tile at a time for all G heads, so
-// each key and value comes from memory once and is read again from the nearest cache (a head's keys at 4,096
-// tokens are 1 MB in float32: read whole once per query head, they had fallen out of it by the next).
+// each 8-bit key and value is loaded and converted to floats once for the G heads, not once per head.
 constexpr int64_t COLUMN_TILE = 64;
 
 template <int G, typename T>
@@ -395,24 +394,25 @@ static void attend_group(const float* q, const T* kb, const T* vb, const at::Hal
   for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_all_values<G>(w, vb, ok, a, std::min(span, a + COLUMN_TILE), span, D, out);
 }
 
-// G a constant for the register plans above: query heads per key/value head 1 to 4 (a model with more takes them
-// in groups of at most 4 heads, each group reading the keys and values once)
+// A float cache: attend_per_head. An 8-bit cache: the tiles, G a constant for their register plans (query heads
+// per key/value head 1 to 4; a model with more takes them in groups of at most 4, each group reading the keys and
+// values once)
 template <typename T>
 static void attend_heads(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
                          const bool* ok, int64_t span, int64_t G, int64_t D, float scale, float* w, float* out) {
   if constexpr (std::is_same<T, float>::value) {
     attend_per_head(q, kb, vb, ok, span, G, D, scale, w, out);
-    return;
-  }
-  for (int64_t j = 0; j < G; j += 4) {
-    const int64_t n = std::min<int64_t>(4, G - j);
-    const float* qj = q + j * D;
-    float* oj = out + j * D;
-    switch (n) {
-      case 1: attend_group<1>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-      case 2: attend_group<2>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-      case 3: attend_group<3>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-      default: attend_group<4>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+  } else {  // an 8-bit cache
+    for (int64_t j = 0; j < G; j += 4) {
+      const int64_t n = std::min<int64_t>(4, G - j);
+      const float* qj = q + j * D;
+      float* oj = out + j * D;
+      switch (n) {
+        case 1: attend_group<1>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+        case 2: attend_group<2>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+        case 3: attend_group<3>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+        default: attend_group<4>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+      }
     }
   }
 }
@@ -430,7 +430,7 @@ static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* v
       store_column(K + cell * D, ks ? ks + cell : nullptr, qkv + b * width + (heads + g) * D, D);
       store_column(V + cell * D, vs ? vs + cell : nullptr, qkv + b * width + (heads + KV + g) * D, D);
     }
-  // per row and key/value head, its G query heads together, so each key and value comes from memory once
+  // per row and key/value head, its G query heads together (attend_heads: how the G heads share the head's reads)
   at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> w(G * span);
     for (int64_t bg = begin; bg < end; ++bg) {

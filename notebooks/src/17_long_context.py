@@ -31,8 +31,9 @@ from course_lib.runner.formats import convert
 from course_lib.engine.long_context import (KV_FORMATS, LONG_TEXT, cache_bytes_per_token, crossover_tokens,
                                             dequantize_rows, first_token_share, long_text_ids, quantize_rows,
                                             stream_loss)
-from course_lib.measure.long_context import kv_quality, needle_grid, step_curve, step_ms
+from course_lib.measure.long_context import kv_quality, needle_grid, static_step_ms, step_curve, step_ms
 from course_lib.runtime import median
+from course_lib.runner.fused_step import why_not_fused
 from course_lib.runner.model import Model, layer_qkv
 
 torch.set_num_threads(1)  # one thread, set explicitly: the timings below compare within this run
@@ -219,9 +220,6 @@ for name in ("int8", "int4"):
 # says why.
 
 # %%
-from course_lib.measure.long_context import static_step_ms
-from course_lib.runner.fused_step import why_not_fused
-
 q8 = convert(ours, "int4-q8")
 reason = why_not_fused(q8)
 if reason:
@@ -237,7 +235,7 @@ else:
 # Read each fused line as a pair: the weights are the same for both caches, so the difference is the cache's
 # bytes and the work of reading them. A float32 key or value is 4 bytes a number and an 8-bit one is 1 byte plus
 # a scale per 64 numbers, so the cache's share of a step grows with the context, and so should what the integers
-# save: compare the two lines' ratios. One machine, one row, the thread count torch uses here; the bench's
+# save: compare the two lines' ratios. One machine, one row, one thread (set at the top); the bench's
 # section repeats it at 4,096 tokens.
 #
 # ## 4. What the model can still find
