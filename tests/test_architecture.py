@@ -173,6 +173,7 @@ LONG_MODULES = {  # module -> why it stays whole
     "views/plots_perf.py": "lessons 08-13's performance figures: one small function per figure, none over 60 lines",
     "views/plots.py": "the shared drawing helpers and Part I's figures: one small function per figure",
     "runner/model.py": "SmolLM2 written out, read beside lesson 11 as one file: layer parts, the model, loading",
+    "runner/formats.py": "lesson 12's weight formats, each a linear layer, and convert(): one stage, read beside it",
 }
 
 

@@ -38,7 +38,7 @@ def test_one_block_gives_the_eager_blocks_numbers(small_q8, tokenizer):
         cos, sin = model.cos[column:column + 1], model.sin[column:column + 1]  # (1, D)
         got = fused.code.decode_layers(x[0], fused.parts[:6], b.cache.keys[:1], b.cache.values[:1], [], [], cos, sin,
                                        torch.ones(1, 64, dtype=torch.bool), column, model.heads, model.kv_heads,
-                                       model.eps)
+                                       model.eps, False)
         seen = (torch.arange(64) <= column)[None, None, None]
         want = block(model, 0, x, cos[:, None, None], sin[:, None, None],
                      _Columns(a.cache.keys, a.cache.values, 64, torch.tensor([column]), seen), column, seen)
@@ -115,8 +115,7 @@ def test_the_engine_runs_int4_q8_batches_fused_with_each_rows_tokens(small_q8, t
 
 def test_other_formats_and_caches_are_refused_with_the_reason(tiny):
     ours = Model.from_transformers(tiny)
-    assert "int4-q8" in why_not_fused(formats.convert(ours, "int4"))
-    assert "int4-q8" in why_not_fused(formats.convert(ours, "bfloat16"))
+    assert "int4-q8" in why_not_fused(formats.convert(ours, "bfloat16"))  # the int4 format: tests/test_fused_int4.py
     assert "course's own model" in why_not_fused(tiny)
     with pytest.raises(ValueError, match="int4-q8"):
         FusedDecode(ours)

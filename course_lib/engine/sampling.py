@@ -26,12 +26,13 @@ def _check_logits(logits: torch.Tensor) -> torch.Tensor:
     one finite value per row. Returned as float32."""
     if not torch.is_tensor(logits) or logits.dim() not in (1, 2) or logits.shape[-1] == 0:
         raise ValueError("logits must be a non-empty (V,) or (B, V) tensor")
-    if torch.isnan(logits).any():
-        raise ValueError("logits contain NaN: the model output is broken (check the dtype and the input IDs)")
-    if torch.isposinf(logits).any():
-        raise ValueError("logits contain +inf: no probability can be computed (check the model's dtype)")
-    if not torch.isfinite(logits).any(dim=-1).all():
-        raise ValueError("all logits of a row are -inf: the filters or a mask removed every token, nothing can be picked")
+    if not bool(torch.isfinite(logits).all()):  # the usual case: one pass over the vocabulary
+        if torch.isnan(logits).any():
+            raise ValueError("logits contain NaN: the model output is broken (check the dtype and the input IDs)")
+        if torch.isposinf(logits).any():
+            raise ValueError("logits contain +inf: no probability can be computed (check the model's dtype)")
+        if not torch.isfinite(logits).any(dim=-1).all():
+            raise ValueError("all logits of a row are -inf: filters or a mask removed every token, none can be picked")
     return logits.float()
 
 
@@ -190,9 +191,7 @@ class Sampler:
         return self.generator
 
     def draw(self, probs: torch.Tensor) -> int:
-        if self.config.temperature == 0:
-            return int(probs.argmax())
-        return int(sample(probs, self.rng(probs.device))[0])
+        return int(probs.argmax()) if self.config.temperature == 0 else int(sample(probs, self.rng(probs.device))[0])
 
     def accept(self, token: int) -> None:
         self.seen.append(token)

@@ -97,7 +97,8 @@ def _targets(result: dict) -> list:
                 f"{e['long_context_ratio']:.2f}x", e["long_context_ratio"] >= 1.3))
     g, b = e.get("compiled_generate"), e.get("batch_scaling")
     if g and g["compiled"]:
-        out.append((f"engine: generate compiled at least 2x eager ({g['threads']} thread(s))",
+        out.append((f"engine: generate compiled at least 2x eager ({g['threads']} thread(s), "
+                    f"{g.get('step_kind', 'compiled')} step)",
                     f"{g['speedup']:.2f}x (same tokens: {g['same_tokens']})", g["speedup"] >= 2.0))
     if b and b.get("ran_compiled") and "8" in {str(k) for k in b["compiled_scaling"]}:
         eight = {str(k): v for k, v in b["compiled_scaling"].items()}["8"]
@@ -145,8 +146,9 @@ def _report(result: dict) -> list:
     g = e.get("compiled_generate")
     if g:
         lines.append(f"engine generate ({g['new_tokens']} tokens, {g['threads']} thread(s)): eager "
-                     f"{g['eager_tokens_per_s']:.1f} tok/s, compiled {g['compiled_tokens_per_s']:.1f} "
-                     f"({g['speedup']:.2f}x; {g['capacity']}-column bucket compiled in {g['compile_s']:.0f} s; same "
+                     f"{g['eager_tokens_per_s']:.1f} tok/s, {g.get('step_kind', 'compiled')} "
+                     f"{g['compiled_tokens_per_s']:.1f} ({g['speedup']:.2f}x; {g['capacity']}-column bucket compiled "
+                     f"in {g['compile_s']:.0f} s; same "
                      f"tokens: {g['same_tokens']})" + ("" if g["compiled"] else f"; not compiled: {g['why_not']}"))
     q8 = (g or {}).get("int4_q8")
     if q8:

@@ -9,15 +9,18 @@ static_step.StaticDecode over that cache, and every StaticDecode of a runner cal
 torch.compile with dynamic shapes: the rows and the capacity are symbols in the generated code, so the compiler
 runs twice per thread count (torch specializes a single row apart from a batch), not once per (rows, capacity).
 That is the idea of a GPU engine's CUDA graphs captured at start-up, on the CPU; `warm()` pays both compiles
-before a server listens. For the int4-q8 format the step is the course's C++ instead (fused_step: one call a step,
-nothing to compile), which ran faster than torch.compile's on the course's CPU (lesson 12 measures both). A
+before a server listens. For the int4-q8 format, and for int4 on a CPU with AVX-512 BF16, the step is the course's
+C++ instead (fused_step: one call a step, nothing to compile), which ran faster than torch.compile's on the course's
+CPU (lesson 12 measures both; for int4 torch.compile's step was no faster than the eager one there, 2026-12-07). A
 scheduler that joins or drops rows hands the cache to `fit_cache`, which puts it back in a bucket. Everything else
 (a prompt, several tokens at once, another runner's cache) runs the model eagerly.
 Where torch.compile cannot build kernels (no C++ compiler), or for a transformers model, every step runs eagerly
 and `why_eager` says why (printed once).
 What it does not do: change the numbers in float32 beyond rounding order (the step attends over its whole bucket
 with a mask: the tokens equal the eager path's on the running examples); in bfloat16
-(the int4 format's activations) a near-tie between two tokens can flip, and the engine's tests say where. It does
+(the int4 format's activations) a near-tie between two tokens can flip, and the engine's tests say where (the int4
+format's fused step keeps float32 between its products, where the eager model rounds every activation to bfloat16:
+tests/test_fused_int4.py). It does
 not page: a paged cache runs its decode eagerly through the block tables.
 """
 from __future__ import annotations
@@ -49,7 +52,8 @@ class CompiledRunner:
     def __init__(self, model, compile: bool = True, fused: bool | str = "auto"):
         """compile=False runs the same static steps without compiling them (the tests' way to check the static path
         cheaply); without a C++ compiler every step runs the model eagerly, and why_eager says so. fused: 'auto' (with
-        compile) runs each decode step as one C++ call (fused_step) where the model can take it (the int4-q8 format),
+        compile) runs each decode step as one C++ call (fused_step) where the model can take it (int4-q8; int4 on a
+        CPU with AVX-512 BF16),
         torch.compile's step elsewhere; True insists (an error says why not); False never."""
         self.model, self.config = model, model.config
         self.generation_config = getattr(model, "generation_config", None)

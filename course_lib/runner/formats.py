@@ -164,6 +164,8 @@ class Int8DynamicLinear:
         self.zeros = torch.zeros(q.shape[0], dtype=torch.long)
         self.row_sums = q.float().sum(dim=1) * self.scale  # (N,): each output's weights summed, dequantized
         self.one, self.none = torch.tensor(1.0), torch.tensor(0)
+        # the int4 format's fused step computes this head with the course's kernel (fused_step), in its tiles
+        self.tiles = None if q4_kernel.why_not_bf16() or q.shape[0] % 8 or q.shape[1] % 32 else q4_kernel.pack_int8(q)
         # note: q itself is not kept (the packed copy is what the kernel reads): 28 MB less for SmolLM2's head
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +193,8 @@ class Int8DynamicLinear:
 
 class Int4Linear:
     """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel, or with q8=True for
-    the course's (q4_kernel). rows_int8=R also keeps an int8 copy (one scale per output) for calls of R rows or more:
+    the course's (q4_kernel). The int4 format also keeps them in the course's layout (bf16_blocks) for its fused step
+    where the CPU has AVX-512 BF16 (why_not_bf16 says why not elsewhere); eager calls never read that copy. rows_int8=R also keeps an int8 copy (one scale per output) for calls of R rows or more:
     torch's 4-bit kernel costs about 3.7 times as much for 8 rows as for one, the integer product 1.4 times
     (`int8_rows_product`); the copy costs a byte per weight more memory and 0.3-0.6% perplexity."""
 
@@ -220,6 +223,10 @@ class Int4Linear:
                                    "int4 format without rows_int8")
             w8, scale8 = quantize_int8(dequantize_int4(q, scale, low, group))  # (N, K) int8, (N,) float32
             self.int8 = (w8, scale8, w8.float().sum(dim=1))
+        # the int4 format's fused step (fused_step) reads these blocks in the kernel's layout, activations in bfloat16
+        # (0.63 bytes a weight more memory; not with the int8 copy, whose rows the fused step would not use)
+        self.why_not_bf16 = _why_not_bf16(tuple(weight.shape), dtype, q8, rows_int8, group)
+        self.bf16_blocks = None if self.why_not_bf16 else q4_kernel.pack(q, scale, low)
         if dtype == torch.float32 and self.q4 is None:
             # note: with float32 activations the fused kernel costs about 1.5 ms per row for a 1536 x 576 matrix,
             # fine for one decode row, ruinous for a prefill of hundreds. For several rows we dequantize the
@@ -251,6 +258,17 @@ class Int4Linear:
     @property
     def int8_nbytes(self) -> int:
         return 0 if self.int8 is None else self.int8[0].numel() + self.int8[1].numel() * 8
+
+
+def _why_not_bf16(shape: tuple, dtype: torch.dtype, q8: bool, rows_int8: int | None, group: int) -> str:
+    """'' when an Int4Linear keeps its blocks for the int4 format's fused step (activations in bfloat16); else why not."""
+    if q8 or dtype != torch.bfloat16:
+        return "not the int4 format"
+    if rows_int8:
+        return "an int8 copy for several rows is torch's path, which the fused step would not take"
+    if group != 32 or shape[1] % 32 or shape[0] % 8:
+        return f"not tiles of 8 outputs by blocks of 32 inputs ({shape[0]} x {shape[1]}, groups of {group})"
+    return q4_kernel.why_not_bf16()
 
 
 def int8_copy_bytes(model: Model) -> int:

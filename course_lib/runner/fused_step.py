@@ -1,8 +1,14 @@
-"""The decode step as one C++ call (issue: the fast path is the engine): every layer of the int4-q8 model for B rows,
-one token each, in the course's kernel's C++ (q4_kernel.cpp, `decode_layers`).
+"""The decode step as one C++ call (issue: the fast path is the engine): every layer of the int4-q8 or int4 model for
+B rows, one token each, in the course's kernel's C++ (q4_kernel.cpp, `decode_layers`).
 
-What it does: `why_not_fused(model)` says whether a model can take it ('' when every layer's products run on the
-course's 4-bit kernel in float32 on the CPU). `FusedDecode` holds the layers' weights in the order the C++ reads them
+What it does: `why_not_fused(model)` says whether a model can take it ('' for int4-q8 whose layers run on the
+course's 4-bit kernel, and for int4 where the CPU has AVX-512 BF16: its layers keep their blocks in the kernel's
+layout too, formats.Int4Linear.bf16_blocks). For int4 each product's activations are rounded to bfloat16, not to 8
+bits (block_product_bf16: `dpbf16ps`, two bfloat16 products a lane), the cache is the model's bfloat16 KVCache, and
+the head (formats.Int8DynamicLinear, oneDNN's when eager) runs on the course's kernel with the layer's own rounding
+(dynamic_int8_product; its logits equal oneDNN's to a bfloat16 step). Between the products the C++ keeps float32
+where the eager int4 model rounds every activation to bfloat16: its logits are a little nearer float32 activations'
+(tests/test_fused_int4.py), and a near-tie can part the two. `FusedDecode` holds the layers' weights in the order the C++ reads them
 and runs a step with StaticDecode's contract (tokens, cache, positions, key_mask -> (B, 1, V) logits): the embedding
 lookup in Python, then one C++ call for the 30 blocks (norms, the four products of each block, rotary, this token's
 key and value written at the cache's column, attention over the columns written so far, SwiGLU, the residual adds),
@@ -22,8 +28,11 @@ the bundled Q4_1 file 4.6-5.2 ms fused as written now, the products and the head
 Measured 2026-12-07, same machine, one row, random caches (data/benchmarks/fused-kv8-cpu-2026-12-07.json, two fresh
 processes at one thread): the 8-bit cache's step against the float cache's 0.78-0.82x at 1,024 tokens, 0.68-0.71x at
 2,048, 0.56-0.58x at 4,096 (12.1-13.0 ms against 21.0-23.2); at two threads 0.78x / 0.69x / 0.61x.
-What it does not do: run the float or int4 formats (torch's kernels), a 4-bit cache, a paged cache, a GPU, or
-several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
+Measured 2026-12-07, same machine, int4, one thread (data/benchmarks/fused-int4-cpu-2026-12-07.json): a step of one
+row about 5.4 ms fused against 14.5 eagerly (torch's 4-bit kernel and oneDNN's head); the head alone 0.9 ms against
+3.1.
+What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a
+4-bit cache, a paged cache, a GPU, or several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
 rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
 real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can flip, as with the compiled
 step).
@@ -34,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import q4_kernel
-from .model import head
+from .model import head, norm
 
 
 def why_not_fused(model) -> str:
@@ -42,46 +51,55 @@ def why_not_fused(model) -> str:
     if not hasattr(model, "layers"):
         return "the fused step runs the course's own model (Model.from_transformers, then formats.convert)"
     parts = [p for layer in model.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    if not all(getattr(p, "q4", None) is not None for p in parts):
-        reasons = {getattr(p, "why_not", "") for p in parts} - {""}
-        return ("the fused step needs every layer on the course's 4-bit kernel (the 'int4-q8' format)"
-                + (f": {reasons.pop()}" if reasons else ""))
-    if model.dtype != torch.float32 or model.device.type != "cpu":
-        return f"the fused step runs float32 activations on the CPU, not {model.dtype} on {model.device.type}"
-    return q4_kernel.available()[1]
+    if model.device.type != "cpu":
+        return f"the fused step is the course's CPU kernel, not for {model.device.type}"
+    if all(getattr(p, "q4", None) is not None for p in parts):  # int4-q8: activations to 8 bits per block
+        return "" if model.dtype == torch.float32 else f"int4-q8's fused step runs float32 activations, not {model.dtype}"
+    if all(getattr(p, "bf16_blocks", None) is not None for p in parts):  # int4: activations in bfloat16
+        return q4_kernel.available()[1]
+    reasons = {getattr(p, "why_not_bf16" if getattr(p, "format", "") == "int4" else "why_not", "") for p in parts} - {""}
+    return ("the fused step needs every layer on the course's 4-bit kernel (the 'int4-q8' format, or 'int4' on a CPU "
+            "with AVX-512 BF16)" + (f": {reasons.pop()}" if reasons else ""))
 
 
 class FusedDecode:
-    """B rows' decode step in one C++ call, over a float32 KVCache or an 8-bit QuantizedKVCache. Example:
-    step = FusedDecode(convert(ours, "int4-q8")); logits = step([[token]], cache)  # (1, 1, V)"""
+    """B rows' decode step in one C++ call, over a float32 or bfloat16 KVCache or an 8-bit QuantizedKVCache. Example:
+    step = FusedDecode(convert(ours, "int4-q8")); logits = step([[token]], cache)  # (1, 1, V)
+    The int4 format (bfloat16 model) runs the same C++ with each product's activations rounded to bfloat16 instead of
+    to 8 bits; its residual stream, norms and attention are float32 in the C++ (bfloat16 in the eager model)."""
 
     def __init__(self, model):
         reason = why_not_fused(model)
         if reason:
             raise ValueError(reason)
         self.model, self.code = model, q4_kernel.extension()
-        self.parts = [t for layer in model.layers for t in (layer.attn_norm.contiguous(), layer.qkv.q4, layer.o.q4,
-                                                              layer.mlp_norm.contiguous(), layer.gate_up.q4,
-                                                              layer.down.q4)]
-        self.cos, self.sin = model.cos.contiguous(), model.sin.contiguous()  # (window, D) float32
+        self.bf16 = model.layers[0].qkv.q4 is None  # the int4 format: its products take bfloat16 activations
+        blocks = lambda p: p.bf16_blocks if self.bf16 else p.q4  # noqa: E731
+        self.parts = [t for layer in model.layers for t in (layer.attn_norm.float().contiguous(), blocks(layer.qkv),
+                                                              blocks(layer.o), layer.mlp_norm.float().contiguous(),
+                                                              blocks(layer.gate_up), blocks(layer.down))]
+        self.cos, self.sin = model.cos.float().contiguous(), model.sin.float().contiguous()  # (window, D)
+        # the int4 format's head (formats.Int8DynamicLinear, oneDNN's eagerly) by the course's kernel, same rounding
+        self.head_tiles = getattr(model.lm_head, "tiles", None) if self.bf16 else None
 
     @staticmethod
     def fits(cache) -> bool:
-        """Whether the step runs on `cache`: the course's float32 KVCache or an 8-bit QuantizedKVCache of a float32
-        model, contiguous, with room for one column."""
+        """Whether the step runs on `cache`: the course's float32 or bfloat16 KVCache or an 8-bit QuantizedKVCache of
+        a float32 model, contiguous, with room for one column."""
         keys = getattr(cache, "keys", None)
         if not (isinstance(keys, list) and bool(keys) and keys[0].is_contiguous() and cache.length < keys[0].shape[2]):
             return False
         if hasattr(cache, "bits"):
             return cache.bits == 8 and cache.dtype == torch.float32 and keys[0].dtype == torch.int8
-        return keys[0].dtype == torch.float32
+        return keys[0].dtype in (torch.float32, torch.bfloat16)
 
     def __call__(self, tokens, cache, positions: torch.Tensor | None = None,
                  key_mask: torch.Tensor | None = None) -> torch.Tensor:
         """One token per row at the cache's next column; (B, 1, V) logits. positions (B,) (default: the column);
         key_mask (B, capacity) bool, True where a row holds a token (default: every column)."""
         if not self.fits(cache):
-            raise ValueError(f"the fused step runs on the course's float32 KVCache (or an 8-bit QuantizedKVCache) "
+            raise ValueError(f"the fused step runs on the course's float32 or bfloat16 KVCache (or an 8-bit "
+                             f"QuantizedKVCache) "
                              f"with room left; got {type(cache).__name__} at length {getattr(cache, 'length', '?')}"
                              + (f" in {cache.bits} bits" if hasattr(cache, "bits") else ""))
         column, capacity = cache.length, cache.keys[0].shape[2]
@@ -97,11 +115,17 @@ class FusedDecode:
                 cos, sin = self.cos[positions], self.sin[positions]  # (B, D)
             if key_mask is None:
                 key_mask = torch.ones(rows, capacity, dtype=torch.bool)
-            x = F.embedding(tokens, self.model.embedding)  # (B, hidden)
+            x = F.embedding(tokens, self.model.embedding).float()  # (B, hidden)
             scales = (cache.key_scales, cache.value_scales) if hasattr(cache, "bits") else ([], [])
             out = self.code.decode_layers(x, self.parts, cache.keys, cache.values, *scales, cos.contiguous(),
                                           sin.contiguous(), key_mask.contiguous(), column, self.model.heads,
-                                          self.model.kv_heads, self.model.eps)
-            logits = head(self.model, out[:, None])  # (B, 1, V)
+                                          self.model.kv_heads, self.model.eps, self.bf16)
+            if self.head_tiles is None:
+                logits = head(self.model, out.to(self.model.dtype)[:, None])  # (B, 1, V)
+            else:
+                model, lm_head = self.model, self.model.lm_head
+                normed = norm(out.to(model.dtype), model.final_norm, model.eps).float()  # (B, hidden), as head()
+                logits = self.code.dynamic_int8_product(normed, self.head_tiles, lm_head.scale,
+                                                        lm_head.row_sums).to(model.dtype)[:, None]
         cache.length = column + 1
         return logits

@@ -168,6 +168,190 @@ torch::Tensor block_product(torch::Tensor x, torch::Tensor w) {
   return out;
 }
 
+// ---- 4-bit weights times bfloat16 activations: the int4 format's products in the fused step (AVX-512 BF16) ----
+// The same packed tiles. Each nibble n becomes the bfloat16 number 128 + n (its bits are 0x4300 | n: no table), two
+// per 32-bit lane, so `dpbf16ps` adds two products a lane: lanes 2j and 2j + 1 of a 512-bit register are output
+// j's (weights 4i + 2p, 4i + 2p + 1 in lane 2j + p), and a row's 4 activations, copied to every 64 bits, meet them.
+// The offset comes out with the minimum: sum (d n + m) a = d sum (128 + n) a + (m - 128 d) sum a, a in bfloat16.
+// Built into the 'vnni' variant only, behind a target attribute (its callers check the CPU has the instructions).
+#ifdef COURSE_VNNI
+#define COURSE_BF16 __attribute__((target("avx512bf16")))
+
+// rows of float32 -> bfloat16 (round to nearest even, as torch rounds), and each block of 32's sum of those values
+COURSE_BF16 static void round_rows_bf16(const float* x, int64_t M, int64_t K, uint16_t* a, float* sums) {
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < K / 32; ++b) {
+      const float* xb = x + r * K + 32 * b;
+      const __m256bh h0 = _mm512_cvtneps_pbh(_mm512_loadu_ps(xb)), h1 = _mm512_cvtneps_pbh(_mm512_loadu_ps(xb + 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + r * K + 32 * b), reinterpret_cast<const __m256i&>(h0));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + r * K + 32 * b + 16), reinterpret_cast<const __m256i&>(h1));
+      sums[r * (K / 32) + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_cvtpbh_ps(h0), _mm512_cvtpbh_ps(h1)));
+    }
+}
+
+// R rows (at most 8) of bfloat16 activations times one tile of 8 outputs, over all K/32 blocks -> acc[r] (8 sums)
+template <int R, int KIND>
+COURSE_BF16 static inline void tile_rows_bf16(const uint8_t* w, int64_t blocks, const uint16_t* a, const float* su,
+                                              int64_t K, __m256* acc) {
+  constexpr int C = R >= 8 ? 1 : R >= 4 ? 2 : 4;  // independent sums per row, as tile_rows
+  const __m512i low = _mm512_set1_epi16(0x000F), bias = _mm512_set1_epi16(0x4300);
+  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512 products[R];
+  __m256 offsets[R];
+  for (int r = 0; r < R; ++r) products[r] = _mm512_setzero_ps(), offsets[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* wb = w + b * block_bytes(KIND);
+    __m512 sums[R][C];
+    for (int r = 0; r < R; ++r) for (int c = 0; c < C; ++c) sums[r][c] = _mm512_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * i)));
+      const __m512i lo = _mm512_ternarylogic_epi32(words, low, bias, 0xEA);  // (words & low) | bias
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(words, 4), low, bias, 0xEA);
+      for (int r = 0; r < R; ++r) {
+        const uint16_t* ar = a + r * K + 32 * b + 4 * i;
+        long long a_lo, a_hi;
+        std::memcpy(&a_lo, ar, 8);
+        std::memcpy(&a_hi, ar + 16, 8);
+        __m512& s0 = sums[r][(2 * i) % C];
+        __m512& s1 = sums[r][(2 * i + 1) % C];
+        s0 = _mm512_dpbf16_ps(s0, reinterpret_cast<const __m512bh&>(lo),
+                              reinterpret_cast<const __m512bh&>(static_cast<const __m512i&>(_mm512_set1_epi64(a_lo))));
+        s1 = _mm512_dpbf16_ps(s1, reinterpret_cast<const __m512bh&>(hi),
+                              reinterpret_cast<const __m512bh&>(static_cast<const __m512i&>(_mm512_set1_epi64(a_hi))));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 128)));
+    const __m512 d2 = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(d));
+    const __m256 m = KIND == Q41 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 144)))
+                                 : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+    const __m256 shifted = _mm256_fnmadd_ps(d, _mm256_set1_ps(128.f), m);  // m - 128 d
+    for (int r = 0; r < R; ++r) {
+      __m512 total = sums[r][0];
+      for (int c = 1; c < C; ++c) total = _mm512_add_ps(total, sums[r][c]);
+      products[r] = _mm512_fmadd_ps(total, d2, products[r]);
+      offsets[r] = _mm256_fmadd_ps(shifted, _mm256_set1_ps(su[r * blocks + b]), offsets[r]);
+    }
+  }
+  const __m512i pairs = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int r = 0; r < R; ++r) {  // output j: lanes 2j and 2j + 1, then its offset
+    const __m512 p = _mm512_permutexvar_ps(pairs, products[r]);
+    const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1));
+    acc[r] = _mm256_add_ps(_mm256_add_ps(_mm512_castps512_ps256(p), high), offsets[r]);
+  }
+}
+
+template <int KIND>
+COURSE_BF16 static void tiles_bf16(const uint8_t* ws, int64_t begin, int64_t end, int64_t M, int64_t K,
+                                   const uint16_t* a, const float* su, float* o, int64_t N) {
+  const int64_t blocks = K / 32, tile_bytes = blocks * block_bytes(KIND);
+  __m256 acc[8];
+  for (int64_t t = begin; t < end; ++t)
+    for (int64_t r0 = 0; r0 < M; r0 += 8) {
+      const int rows = static_cast<int>(std::min<int64_t>(8, M - r0));
+      const uint16_t* ar = a + r0 * K;
+      const float* sr = su + r0 * blocks;
+      const uint8_t* wt = ws + t * tile_bytes;
+      switch (rows) {
+        case 1: tile_rows_bf16<1, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 2: tile_rows_bf16<2, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 3: tile_rows_bf16<3, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 4: tile_rows_bf16<4, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 5: tile_rows_bf16<5, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 6: tile_rows_bf16<6, KIND>(wt, blocks, ar, sr, K, acc); break;
+        case 7: tile_rows_bf16<7, KIND>(wt, blocks, ar, sr, K, acc); break;
+        default: tile_rows_bf16<8, KIND>(wt, blocks, ar, sr, K, acc); break;
+      }
+      for (int r = 0; r < rows; ++r) _mm256_storeu_ps(o + (r0 + r) * N + 8 * t, acc[r]);
+    }
+}
+#endif
+
+// x (rows, K) float32, rounded to bfloat16, times 4-bit tiles (160 or 144 bytes a block) -> (rows, N) float32
+torch::Tensor block_product_bf16(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat && x.size(1) % 32 == 0,
+              "x must be (rows, K) float32, contiguous, K a multiple of 32");
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.size(1) * 32 == x.size(1) &&
+              (w.size(2) == BYTES4 || w.size(2) == BYTES40), "w must be (N/8, K/32, 160 or 144) uint8: 4-bit tiles");
+#ifdef COURSE_VNNI
+  TORCH_CHECK(__builtin_cpu_supports("avx512bf16"), "the bfloat16 product needs a CPU with AVX-512 BF16");
+  const int64_t M = x.size(0), K = x.size(1), tiles = w.size(0), N = tiles * 8;
+  std::vector<uint16_t> a(M * K);
+  std::vector<float> su(M * (K / 32));
+  round_rows_bf16(x.data_ptr<float>(), M, K, a.data(), su.data());
+  auto out = torch::empty({M, N}, x.options());
+  const uint8_t* ws = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  const bool q41 = w.size(2) == BYTES4;
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    if (q41) tiles_bf16<Q41>(ws, begin, end, M, K, a.data(), su.data(), o, N);
+    else tiles_bf16<Q40>(ws, begin, end, M, K, a.data(), su.data(), o, N);
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "the bfloat16 product is built into the kernel's 'vnni' variant only (AVX-512)");
+  return x;
+#endif
+}
+
+// ---- the int4 format's output head (formats.Int8DynamicLinear) for the fused step ----
+// x (R, K) float32, each row rounded as Int8DynamicLinear rounds it: 256 levels between min(x, 0) and max(x, 0)
+// (s = (high - low) / 255, at least 1e-12; z = round(-low / s); q = round(x / s) + z within 0..255); w (N/8, K/32,
+// 256) the int8 weights in tiles (pack_int8: byte 32c + 4j + e is output j's weight 4c + e of the block), w_scale
+// and row_sums (N,) float32 as the layer keeps them; out = s (sum q w * w_scale - z row_sums): the same steps.
+// `dpbusd` multiplies unsigned by signed bytes, just what these are; the integer sums are exact.
+torch::Tensor dynamic_int8_product(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor row_sums) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat && x.size(1) % 32 == 0,
+              "x must be (rows, K) float32, contiguous, K a multiple of 32");
+  TORCH_CHECK(w.dim() == 3 && w.scalar_type() == torch::kUInt8 && w.size(1) * 32 == x.size(1) && w.size(2) == 256,
+              "w must be (N/8, K/32, 256) uint8: int8 weights in tiles");
+  TORCH_CHECK(w_scale.scalar_type() == torch::kFloat && row_sums.scalar_type() == torch::kFloat &&
+              w_scale.is_contiguous() && row_sums.is_contiguous() && w_scale.numel() == w.size(0) * 8 &&
+              row_sums.numel() == w.size(0) * 8, "w_scale and row_sums must be (N,) float32");
+#ifdef COURSE_VNNI
+  const int64_t M = x.size(0), K = x.size(1), tiles = w.size(0), N = tiles * 8, blocks = K / 32;
+  std::vector<uint8_t> q(M * K);
+  std::vector<float> s(M), z(M);
+  const float* xs = x.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r) {
+    const float* xr = xs + r * K;
+    float low = 0.f, high = 0.f;
+    for (int64_t k = 0; k < K; ++k) low = std::min(low, xr[k]), high = std::max(high, xr[k]);
+    s[r] = std::max((high - low) / 255.f, 1e-12f);
+    z[r] = std::nearbyint(-low / s[r]);
+    for (int64_t k = 0; k < K; ++k)
+      q[r * K + k] = static_cast<uint8_t>(std::min(255.f, std::max(0.f, std::nearbyint(xr[k] / s[r]) + z[r])));
+  }
+  auto out = torch::empty({M, N}, x.options());
+  const uint8_t* ws = w.data_ptr<uint8_t>();
+  const float *sc = w_scale.data_ptr<float>(), *rs = row_sums.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t r = 0; r < M; ++r) {
+        __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        const uint8_t* qr = q.data() + r * K;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* wb = ws + (t * blocks + b) * 256;
+          for (int c = 0; c < 8; ++c) {
+            int32_t a4;
+            std::memcpy(&a4, qr + 32 * b + 4 * c, 4);
+            sums[c % 4] = _mm256_dpbusd_epi32(sums[c % 4], _mm256_set1_epi32(a4),
+                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 32 * c)));
+          }
+        }
+        const __m256i total = _mm256_add_epi32(_mm256_add_epi32(sums[0], sums[1]), _mm256_add_epi32(sums[2], sums[3]));
+        const __m256 products = _mm256_mul_ps(_mm256_cvtepi32_ps(total), _mm256_loadu_ps(sc + 8 * t));
+        const __m256 shifted = _mm256_sub_ps(products, _mm256_mul_ps(_mm256_set1_ps(z[r]), _mm256_loadu_ps(rs + 8 * t)));
+        _mm256_storeu_ps(o + r * N + 8 * t, _mm256_mul_ps(_mm256_set1_ps(s[r]), shifted));
+      }
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "the int8 head is built into the kernel's 'vnni' variant only (AVX-512 VNNI)");
+  return x;
+#endif
+}
+
 // ---- the whole decode step in one call (fused_step.py): every layer of the model for B rows, one token each ----
 // What a step does between its matrix products (norms, rotary, the cache write, attention, SwiGLU, residual adds)
 // is a few thousand numbers a row; run from Python each costs more in calling than in arithmetic. Here it is plain
@@ -201,6 +385,9 @@ static inline __m256 exp8(__m256 x) {
 
 // 8 numbers of a cache column as floats: a float cache's as they are, an 8-bit cache's integers converted
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+static inline __m256 load8(const at::BFloat16* p) {  // bfloat16: the top half of a float32's bits
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 static inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
@@ -233,6 +420,9 @@ static void rotate(float* x, const float* cos, const float* sin, int64_t D) {  /
 // rounded to float16; each number divided by it, rounded half to even, within -127..127)
 static inline void store_column(float* column, at::Half*, const float* x, int64_t D) {
   std::memcpy(column, x, D * sizeof(float));
+}
+static inline void store_column(at::BFloat16* column, at::Half*, const float* x, int64_t D) {
+  for (int64_t d = 0; d < D; ++d) column[d] = static_cast<at::BFloat16>(x[d]);  // round to nearest even, as torch
 }
 static inline void store_column(int8_t* column, at::Half* scale, const float* x, int64_t D) {
   float top = 0.f;
@@ -402,7 +592,7 @@ static void attend_heads(const float* q, const T* kb, const T* vb, const at::Hal
                          const bool* ok, int64_t span, int64_t G, int64_t D, float scale, float* w, float* out) {
   if constexpr (std::is_same<T, float>::value) {
     attend_per_head(q, kb, vb, ok, span, G, D, scale, w, out);
-  } else {  // an 8-bit cache
+  } else {  // an 8-bit or a bfloat16 cache: the tiles (each key converted once for the group)
     for (int64_t j = 0; j < G; j += 4) {
       const int64_t n = std::min<int64_t>(4, G - j);
       const float* qj = q + j * D;
@@ -443,15 +633,18 @@ static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* v
 }
 
 // x (B, hidden) float32 after the embedding; per layer 6 tensors in `parts`: attn_norm, qkv, o, mlp_norm, gate_up,
-// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D): float32, or int8
-// with `key_scales` and `value_scales` per layer (B, KV, capacity, 1) float16 (engine.long_context.QuantizedKVCache
-// with 8 bits; empty lists for a float cache); this step's column is written. cos, sin (B, D); seen (B, capacity)
+// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D): float32 or bfloat16,
+// or int8 with `key_scales` and `value_scales` per layer (B, KV, capacity, 1) float16
+// (engine.long_context.QuantizedKVCache with 8 bits; empty lists otherwise); this step's column is written.
+// bf16_products: each product's activations rounded to bfloat16 (block_product_bf16, the int4 format) instead of to
+// 8 bits per block (block_product, int4-q8); everything between the products stays float32 either way. cos, sin (B, D); seen (B, capacity)
 // bool: the columns each row may read (only columns up to `column` are read at all). Returns the last block's
 // output (B, hidden): the final norm and head run after it.
 torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
                             std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
                             std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
-                            torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps) {
+                            torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps,
+                            bool bf16_products) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be (rows, hidden) float32");
   const int64_t L = static_cast<int64_t>(keys.size()), B = x.size(0), hidden = x.size(1);
   TORCH_CHECK(L > 0 && static_cast<int64_t>(parts.size()) == 6 * L && static_cast<int64_t>(values.size()) == L,
@@ -467,13 +660,14 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
               "seen must be (rows, capacity) bool");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == B &&
               cos.size(1) == D && sin.sizes() == cos.sizes(), "cos and sin must be (rows, D) float32");
-  const auto kind = int8 ? torch::kChar : torch::kFloat;
+  const auto kind = int8 ? torch::kChar : keys[0].scalar_type();
+  TORCH_CHECK(int8 || kind == torch::kFloat || kind == torch::kBFloat16, "keys and values must be float32, bfloat16 or int8");
   for (int64_t l = 0; l < L; ++l) {
     TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == kind &&
                 keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity &&
                 values[l].scalar_type() == kind && values[l].sizes() == keys[l].sizes() &&
                 parts[6 * l].numel() == hidden && parts[6 * l + 3].numel() == hidden,
-                "keys and values must be (rows, kv heads, capacity, D), contiguous, float32 (or int8 with scales); "
+                "keys and values must be (rows, kv heads, capacity, D), contiguous, one dtype (int8 with scales); "
                 "norms of the hidden size");
     if (int8)
       TORCH_CHECK(key_scales[l].is_contiguous() && value_scales[l].is_contiguous() &&
@@ -490,24 +684,30 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
   const int64_t width = (heads + 2 * KV) * D;
   auto attended = torch::empty({B, heads * D}, x.options());
   float* att = attended.data_ptr<float>();
+  const auto product = [bf16_products](const torch::Tensor& in, const torch::Tensor& w) {
+    return bf16_products ? block_product_bf16(in, w) : block_product(in, w);
+  };
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* p = parts.data() + 6 * l;
     for (int64_t b = 0; b < B; ++b) rms_norm(xs + b * hidden, p[0].data_ptr<float>(), eps, hidden, hs + b * hidden);
-    auto qkv = block_product(h, p[1]);  // (B, (H + 2 KV) D)
+    auto qkv = product(h, p[1]);  // (B, (H + 2 KV) D)
     float* qs = qkv.data_ptr<float>();
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < heads + KV; ++i) rotate(qs + b * width + i * D, cs + b * D, sn + b * D, D);
     if (int8)
       attend_layer(qs, keys[l].data_ptr<int8_t>(), values[l].data_ptr<int8_t>(), key_scales[l].data_ptr<at::Half>(),
                    value_scales[l].data_ptr<at::Half>(), seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
+    else if (kind == torch::kBFloat16)
+      attend_layer(qs, keys[l].data_ptr<at::BFloat16>(), values[l].data_ptr<at::BFloat16>(), nullptr, nullptr,
+                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
     else
       attend_layer(qs, keys[l].data_ptr<float>(), values[l].data_ptr<float>(), nullptr, nullptr,
                    seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
-    auto o = block_product(attended, p[2]);
+    auto o = product(attended, p[2]);
     const float* os = o.data_ptr<float>();
     for (int64_t i = 0; i < B * hidden; ++i) xs[i] += os[i];
     for (int64_t b = 0; b < B; ++b) rms_norm(xs + b * hidden, p[3].data_ptr<float>(), eps, hidden, hs + b * hidden);
-    auto gu = block_product(h, p[4]);  // (B, 2 I): gate, then up
+    auto gu = product(h, p[4]);  // (B, 2 I): gate, then up
     const int64_t I = gu.size(1) / 2;
     TORCH_CHECK(I % 8 == 0, "the feed-forward size must be a multiple of 8");
     auto act = torch::empty({B, I}, x.options());
@@ -519,7 +719,7 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
         const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
         _mm256_storeu_ps(as + b * I + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), e)), u));
       }
-    auto down = block_product(act, p[5]);
+    auto down = product(act, p[5]);
     const float* ds = down.data_ptr<float>();
     for (int64_t i = 0; i < B * hidden; ++i) xs[i] += ds[i];
   }

@@ -9,7 +9,10 @@ them by the 4-bit numbers with AVX2's `maddubs` (32 byte products per instructio
 and minimum in float: sum_i (d q_i + m) (a q'_i) = d a sum q q' + m a sum q'. One tile's weights serve up to 8
 rows of activations, so a decode step of several rows reads them once (with fewer than 8 rows each row's sum is
 split in two or four, so that the byte products do not wait on each other). `pack_q8` and `Q8Linear` do the same for
-the file's Q8_0 embedding (the int4-q8 format's head). Two builds of one source: 'vnni' where the CPU has AVX-512
+the file's Q8_0 embedding (the int4-q8 format's head). For the int4 format's fused step the same tiles meet
+activations rounded to bfloat16 instead (`block_product_bf16`, AVX-512 BF16's `dpbf16ps`; `why_not_bf16` says
+where it runs), and `pack_int8` / `dynamic_int8_product` compute its head (formats.Int8DynamicLinear) with `dpbusd`,
+unsigned activations times signed weights, rounded as that layer rounds them. Two builds of one source: 'vnni' where the CPU has AVX-512
 VNNI (`dpbusd` adds 4 byte products into a 32-bit lane in one instruction), else 'avx2'. `available()` says whether
 it runs here (x86 with AVX2, FMA and F16C, a C++ compiler) and why not. Built by torch.utils.cpp_extension.load_inline
 into the course's cache folder (about 40 s, once per machine); inside torch.compile one operator (course::block_product).
@@ -17,7 +20,7 @@ Measured on an AMD CPU with AVX2 only, one thread, 1536 x 576 weights hot in cac
 24 / 38 / 70 / 135 us at 1 / 2 / 4 / 8 rows against torch's 4-bit kernel 138 / 147 / 233 / 462. On the AVX-512
 VNNI machine, 2026-12-07, all 120 products of a decode step from memory, 8 rows: 9.4 ms with tiles of 4, 8.5 with 8.
 What it does not do: run on a GPU or an ARM CPU (the reason is printed, and the layer keeps torch's kernel), use
-512-bit registers, or give torch's numbers: the activations lose what 8 bits per block of 32 cannot hold
+512-bit registers (except the bfloat16 product's), or give torch's numbers: the activations lose what 8 bits per block of 32 cannot hold
 (tests/test_q4_kernel.py bounds it; the bench's engine section measures perplexity).
 """
 from __future__ import annotations
@@ -55,6 +58,18 @@ def why_not() -> str:
     return ""
 
 
+def why_not_bf16() -> str:
+    """'' when the bfloat16 product (block_product_bf16: the int4 format's fused step) can run here; else why not.
+    It is built into the 'vnni' variant and needs AVX-512 BF16's `dpbf16ps` (two bfloat16 products a 32-bit lane)."""
+    reason = why_not()
+    if reason:
+        return reason
+    if best_variant() != "vnni" or "avx512_bf16" not in cpu_flags():
+        return ("the int4 format's fused step needs AVX-512 with VNNI and BF16, which this CPU lacks "
+                "(its compiled step is torch.compile's; the int4-q8 format's fused step runs on AVX2)")
+    return ""
+
+
 def best_variant() -> str:
     """'vnni' where the CPU adds byte products in one instruction (AVX-512 VNNI, with its 256-bit forms), else
     'avx2' (maddubs, then a second instruction to widen the sums)."""
@@ -63,7 +78,7 @@ def best_variant() -> str:
 
 @functools.cache
 def extension(variant: str | None = None):
-    """The built kernel (a Python module with block_product), compiled once per variant into the course's cache
+    """The built kernel (a Python module with block_product, block_product_bf16, decode_layers), compiled once per variant into the course's cache
     folder: `variant` 'avx2' or 'vnni' (best_variant() when None; the tests build both where the CPU runs both)."""
     reason = why_not()
     if reason:
@@ -79,7 +94,7 @@ def extension(variant: str | None = None):
     if not any(folder.glob("*.so")):
         print(f"building the course's 4-bit kernel ({variant}; C++, once per machine: about 40 s)...", flush=True)
     flags = FLAGS + (VNNI_FLAGS if variant == "vnni" else [])
-    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product", "decode_layers"], extra_cflags=flags,
+    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product", "block_product_bf16", "dynamic_int8_product", "decode_layers"], extra_cflags=flags,
                        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 
@@ -143,6 +158,13 @@ def pack_q8(weight: torch.Tensor) -> torch.Tensor:
     q = torch.round(blocks / scale[..., None]).clamp(-127, 127).to(torch.int8)
     grid = q.reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(N // 8, K // 32, 256)
     return torch.cat([grid.view(torch.uint8), _per_tile(scale)], dim=-1).contiguous()
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """int8 weights (N, K) (formats.quantize_int8's, one scale per output kept apart) in the kernel's tiles:
+    (N/8, K/32, 256) uint8, byte 32c + 4j + e of a block is output j's weight 4c + e (pack_q8's order, no scales)."""
+    N, K = q.shape
+    return q.reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(N // 8, K // 32, 256).contiguous().view(torch.uint8)
 
 
 def _per_tile(values: torch.Tensor) -> torch.Tensor:

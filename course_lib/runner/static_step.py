@@ -12,8 +12,8 @@ row's padding), so a cache sized for a long conversation costs a short one nothi
 (`forward.run_model`) into it, then each token through a StaticDecode. `compile=True` hands the step to `torch.compile`,
 which needs a C++ compiler on the CPU (`compile_available` says whether there is one) and takes tens of seconds
 the first time: `compile_seconds` records the warm-up that paid for it.
-`fused=True` (the int4-q8 format only) runs the same step as one C++ call instead (fused_step.FusedDecode), with
-nothing to compile.
+`fused=True` (the int4-q8 format, and int4 on a CPU with AVX-512 BF16) runs the same step as one C++ call instead
+(fused_step.FusedDecode), with nothing to compile.
 What it does not do: prefill, sample, or schedule (the engine does; engine/compiled.py runs these steps for
 it); time itself (measure.compiled does).
 """
@@ -71,7 +71,8 @@ class StaticDecode:
                  fused: bool = False):
         """whole=True: attention reads every column of the capacity (the mask hides the unwritten ones), the span
         never changes: what the engine's runner (runner.compiled) asks for, see CompiledRunner.step_for.
-        fused=True: the step is one C++ call (fused_step.FusedDecode: the int4-q8 format only; nothing to compile)."""
+        fused=True: the step is one C++ call (fused_step.FusedDecode: int4-q8, or int4 where fused_step.why_not_fused
+        says so; nothing to compile)."""
         if compile and fused:
             raise ValueError("a step is either compiled by torch.compile or fused in C++, not both")
         if capacity < 2 or capacity > model.config.max_position_embeddings:
