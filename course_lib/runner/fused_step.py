@@ -28,9 +28,9 @@ the bundled Q4_1 file 4.6-5.2 ms fused as written now, the products and the head
 Measured 2026-12-07, same machine, one row, random caches (data/benchmarks/fused-kv8-cpu-2026-12-07.json, two fresh
 processes at one thread): the 8-bit cache's step against the float cache's 0.78-0.82x at 1,024 tokens, 0.68-0.71x at
 2,048, 0.56-0.58x at 4,096 (12.1-13.0 ms against 21.0-23.2); at two threads 0.78x / 0.69x / 0.61x.
-Measured 2026-12-07, same machine, int4, one thread (data/benchmarks/fused-int4-cpu-2026-12-07.json): a step of one
-row about 5.4 ms fused against 14.5 eagerly (torch's 4-bit kernel and oneDNN's head); the head alone 0.9 ms against
-3.1.
+Measured 2026-12-07, same machine, int4 (data/benchmarks/fused-int4-cpu-2026-12-07.json, two fresh processes at one
+thread): a step of one row 5.2 ms fused against 14.8-15.8 eagerly (torch's 4-bit kernel and oneDNN's head), the head
+alone 0.7 ms against 2.0-2.6; generate(..., compiled=True) 2.32-2.41x the eager loop (2.39x at two threads).
 What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a
 4-bit cache, a paged cache, a GPU, or several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
 rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
