@@ -419,7 +419,11 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # pass run the ordinary step. The paged server keeps the ordinary step (its attention walks block tables whose
 # shapes change with every batch). For lesson 12's `int4-q8` format the same runner takes another road: the whole
 # decode step as one C++ call around the course's own kernel (`runner/fused_step.py`), nothing to compile; lesson
-# 12, section 7, times it beside the eager step and races it against llama.cpp.
+# 12, section 7, times it beside the eager step and races it against llama.cpp. Where the CPU multiplies pairs of
+# bfloat16 numbers in one instruction, the `int4` format takes that road too (its products with bfloat16
+# activations; `fused_step.why_not_fused` says whether this machine can), so on such a machine
+# `compiled=True` on `int4` runs the C++ step, not the compiled one timed above; `CompiledRunner.step_kind` says
+# which.
 #
 # ## Summary
 #
