@@ -8,17 +8,18 @@ bits (block_product_bf16: `dpbf16ps`, two bfloat16 products a lane), the cache i
 the head (formats.Int8DynamicLinear, oneDNN's when eager) runs on the course's kernel with the layer's own rounding
 (dynamic_int8_product; its logits equal oneDNN's to a bfloat16 step). Between the products the C++ keeps float32
 where the eager int4 model rounds every activation to bfloat16: its logits are a little nearer float32 activations'
-(tests/test_fused_int4.py), and a near-tie can part the two. `FusedDecode` holds the layers' weights in the order the C++ reads them
-and runs a step with StaticDecode's contract (tokens, cache, positions, key_mask -> (B, 1, V) logits): the embedding
-lookup in Python, then one C++ call for the 30 blocks (norms, the four products of each block, rotary, this token's
-key and value written at the cache's column, attention over the columns written so far, SwiGLU, the residual adds),
-then the final norm and the head. Attention reads only the columns up to this step's, whatever the cache's capacity,
-and takes the query heads that share a key/value head together (on a float cache one after the other, the head's
-keys and values read again from the processor's cache; on an 8-bit cache a tile of columns for all of them). The
-exponentials (softmax, SiLU) are computed 8 at a time by a polynomial within 2 units in the last place. On an 8-bit cache (engine.long_context.QuantizedKVCache with
-bits=8) it stores the new key and value by quantize_rows' rule and reads the integers in place: each is turned into
-a float in a register, the score multiplied by its key's scale and the attention weight by its value's (the static
-step's _Int8Columns does the same in torch), so no float copy of the cache is written.
+(tests/test_fused_int4.py), and a near-tie can part the two.
+`FusedDecode` holds the layers' weights in the order the C++ reads them and runs a step with StaticDecode's contract
+(tokens, cache, positions, key_mask -> (B, 1, V) logits): the embedding lookup in Python, then one C++ call for the 30
+blocks (norms, the four products of each block, rotary, this token's key and value written at the cache's column,
+attention over the columns written so far, SwiGLU, the residual adds), then the final norm and the head. Attention
+reads only the columns up to this step's, whatever the cache's capacity, and takes the query heads that share a
+key/value head together (on a float cache one after the other, the head's keys and values read again from the
+processor's cache; on an 8-bit cache a tile of columns for all of them). The exponentials (softmax, SiLU) are computed
+8 at a time by a polynomial within 2 units in the last place. On an 8-bit cache (engine.long_context.QuantizedKVCache
+with bits=8) it stores the new key and value by quantize_rows' rule and reads the integers in place: each is turned
+into a float in a register, the score multiplied by its key's scale and the attention weight by its value's (the
+static step's _Int8Columns does the same in torch), so no float copy of the cache is written.
 Why: at one row a step's products are about half its time; the other half was calling (about 4,000 operators from
 Python, or a compiled graph's guards and extern calls), not arithmetic. torch.compile did not remove it on the course's
 CPU; writing the glue as loops did. Measured on the AMD course machine (AVX-512 VNNI), one thread, int4-q8, a short
@@ -31,11 +32,11 @@ processes at one thread): the 8-bit cache's step against the float cache's 0.78-
 Measured 2026-12-07, same machine, int4 (data/benchmarks/fused-int4-cpu-2026-12-07.json, two fresh processes at one
 thread): a step of one row 5.2 ms fused against 14.8-15.8 eagerly (torch's 4-bit kernel and oneDNN's head), the head
 alone 0.7 ms against 2.0-2.6; generate(..., compiled=True) 2.32-2.41x the eager loop (2.39x at two threads).
-What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a
-4-bit cache, a paged cache, a GPU, or several tokens a row (prefill stays in the model). Its numbers equal the eager step's up to float rounding, and a
-rounding difference can move one activation across an 8-bit step: the logits then differ by up to a few tenths on the
-real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can flip, as with the compiled
-step).
+What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a 4-bit
+cache, a paged cache, a GPU, or several tokens a row (prefill stays in the model). Its numbers equal the eager step's
+up to float rounding, and a rounding difference can move one activation across an 8-bit step: the logits then differ
+by up to a few tenths on the real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can
+flip, as with the compiled step).
 """
 from __future__ import annotations
 
@@ -54,10 +55,11 @@ def why_not_fused(model) -> str:
     if model.device.type != "cpu":
         return f"the fused step is the course's CPU kernel, not for {model.device.type}"
     if all(getattr(p, "q4", None) is not None for p in parts):  # int4-q8: activations to 8 bits per block
-        return "" if model.dtype == torch.float32 else f"int4-q8's fused step runs float32 activations, not {model.dtype}"
+        return "" if model.dtype == torch.float32 else f"int4-q8's fused step takes float32, not {model.dtype}"
     if all(getattr(p, "bf16_blocks", None) is not None for p in parts):  # int4: activations in bfloat16
         return q4_kernel.available()[1]
-    reasons = {getattr(p, "why_not_bf16" if getattr(p, "format", "") == "int4" else "why_not", "") for p in parts} - {""}
+    reasons = {getattr(p, "why_not_bf16" if getattr(p, "format", "") == "int4" else "why_not", "")
+               for p in parts} - {""}
     return ("the fused step needs every layer on the course's 4-bit kernel (the 'int4-q8' format, or 'int4' on a CPU "
             "with AVX-512 BF16)" + (f": {reasons.pop()}" if reasons else ""))
 
