@@ -194,9 +194,10 @@ class Int8DynamicLinear:
 class Int4Linear:
     """4-bit weights in groups of 32 (a scale and a minimum each), packed for torch's CPU kernel, or with q8=True for
     the course's (q4_kernel). The int4 format also keeps them in the course's layout (bf16_blocks) for its fused step
-    where the CPU has AVX-512 BF16 (why_not_bf16 says why not elsewhere); eager calls never read that copy. rows_int8=R also keeps an int8 copy (one scale per output) for calls of R rows or more:
-    torch's 4-bit kernel costs about 3.7 times as much for 8 rows as for one, the integer product 1.4 times
-    (`int8_rows_product`); the copy costs a byte per weight more memory and 0.3-0.6% perplexity."""
+    where the CPU has AVX-512 BF16 (why_not_bf16 says why not elsewhere); eager calls never read that copy.
+    rows_int8=R also keeps an int8 copy (one scale per output) for calls of R rows or more: torch's 4-bit kernel
+    costs about 3.7 times as much for 8 rows as for one, the integer product 1.4 times (`int8_rows_product`); the
+    copy costs a byte per weight more memory and 0.3-0.6% perplexity."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype, group: int = GROUP, rows_int8: int | None = None,
                  q8: bool = False):
@@ -261,7 +262,7 @@ class Int4Linear:
 
 
 def _why_not_bf16(shape: tuple, dtype: torch.dtype, q8: bool, rows_int8: int | None, group: int) -> str:
-    """'' when an Int4Linear keeps its blocks for the int4 format's fused step (activations in bfloat16); else why not."""
+    """'' when an Int4Linear keeps its blocks for the int4 format's fused step (bfloat16 activations); else why."""
     if q8 or dtype != torch.bfloat16:
         return "not the int4 format"
     if rows_int8:

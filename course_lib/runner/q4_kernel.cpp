@@ -328,7 +328,8 @@ torch::Tensor dynamic_int8_product(torch::Tensor x, torch::Tensor w, torch::Tens
   at::parallel_for(0, tiles, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       for (int64_t r = 0; r < M; ++r) {
-        __m256i sums[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i sums[4];
+        for (auto& sum : sums) sum = _mm256_setzero_si256();
         const uint8_t* qr = q.data() + r * K;
         for (int64_t b = 0; b < blocks; ++b) {
           const uint8_t* wb = ws + (t * blocks + b) * 256;
@@ -383,10 +384,11 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
-// 8 numbers of a cache column as floats: a float cache's as they are, an 8-bit cache's integers converted
+// 8 numbers of a cache column as floats: a float cache's as they are, a bfloat16 or 8-bit cache's converted
 static inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 static inline __m256 load8(const at::BFloat16* p) {  // bfloat16: the top half of a float32's bits
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
 }
 static inline __m256 load8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -570,9 +572,9 @@ static inline void tile_all_values(const float* w, const T* vb, const bool* ok, 
 }
 
 // One row's G query heads (q: (G, D)) against one key/value head's columns 0..span-1 (kb, vb: (capacity, D); ks,
-// vs: an 8-bit cache's scales per column, nullptr for a float cache), the columns where ok[s] is false left out;
-// the result (G, D) into out. w: room for G * span scores. Columns are taken a tile at a time for all G heads, so
-// each 8-bit key and value is loaded and converted to floats once for the G heads, not once per head.
+// vs: an 8-bit cache's scales per column, nullptr otherwise), the columns where ok[s] is false left out; the result
+// (G, D) into out. w: room for G * span scores. Columns are taken a tile at a time for all G heads, so each 8-bit
+// or bfloat16 key and value is loaded and converted to floats once for the G heads, not once per head.
 constexpr int64_t COLUMN_TILE = 64;
 
 template <int G, typename T>
@@ -584,9 +586,9 @@ static void attend_group(const float* q, const T* kb, const T* vb, const at::Hal
   for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_all_values<G>(w, vb, ok, a, std::min(span, a + COLUMN_TILE), span, D, out);
 }
 
-// A float cache: attend_per_head. An 8-bit cache: the tiles, G a constant for their register plans (query heads
-// per key/value head 1 to 4; a model with more takes them in groups of at most 4, each group reading the keys and
-// values once)
+// A float cache: attend_per_head. An 8-bit or bfloat16 cache: the tiles, G a constant for their register plans
+// (query heads per key/value head 1 to 4; a model with more takes them in groups of at most 4, each group reading
+// the keys and values once)
 template <typename T>
 static void attend_heads(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
                          const bool* ok, int64_t span, int64_t G, int64_t D, float scale, float* w, float* out) {
@@ -608,7 +610,8 @@ static void attend_heads(const float* q, const T* kb, const T* vb, const at::Hal
 }
 
 // attention of every row and key/value head for one layer, after writing this step's keys and values at `column`:
-// qkv (B, (H + 2 KV) D) rotated; K, V (B, KV, capacity, D) and for an 8-bit cache their scales (B, KV, capacity)
+// qkv (B, (H + 2 KV) D) rotated; K, V (B, KV, capacity, D) float32, bfloat16 or int8, and for an 8-bit cache their
+// scales (B, KV, capacity)
 template <typename T>
 static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* vs, const bool* ok, int64_t B,
                          int64_t heads, int64_t KV, int64_t D, int64_t capacity, int64_t column, float* att) {
@@ -636,10 +639,10 @@ static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* v
 // down (the products packed for block_product); keys and values per layer (B, KV, capacity, D): float32 or bfloat16,
 // or int8 with `key_scales` and `value_scales` per layer (B, KV, capacity, 1) float16
 // (engine.long_context.QuantizedKVCache with 8 bits; empty lists otherwise); this step's column is written.
-// bf16_products: each product's activations rounded to bfloat16 (block_product_bf16, the int4 format) instead of to
-// 8 bits per block (block_product, int4-q8); everything between the products stays float32 either way. cos, sin (B, D); seen (B, capacity)
-// bool: the columns each row may read (only columns up to `column` are read at all). Returns the last block's
-// output (B, hidden): the final norm and head run after it.
+// cos, sin (B, D); seen (B, capacity) bool: the columns each row may read (only columns up to `column` are read at
+// all). bf16_products: each product's activations rounded to bfloat16 (block_product_bf16, the int4 format) instead
+// of to 8 bits per block (block_product, int4-q8); everything between the products stays float32 either way.
+// Returns the last block's output (B, hidden): the final norm and head run after it.
 torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
                             std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
                             std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
@@ -661,7 +664,8 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == B &&
               cos.size(1) == D && sin.sizes() == cos.sizes(), "cos and sin must be (rows, D) float32");
   const auto kind = int8 ? torch::kChar : keys[0].scalar_type();
-  TORCH_CHECK(int8 || kind == torch::kFloat || kind == torch::kBFloat16, "keys and values must be float32, bfloat16 or int8");
+  TORCH_CHECK(int8 || kind == torch::kFloat || kind == torch::kBFloat16,
+              "keys and values must be float32, bfloat16 or int8");
   for (int64_t l = 0; l < L; ++l) {
     TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == kind &&
                 keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity &&

@@ -1,27 +1,27 @@
 """The course's own 4-bit kernel (issue: the fast path is the engine): 4-bit weights times 8-bit activations with
 the CPU's byte dot products, the scheme llama.cpp runs on a CPU, written out in C++ (q4_kernel.cpp) and built on first use.
 
-What it does: `pack(q, scale, minimum)` lays the file's Q4_1 blocks out in tiles of 8 outputs: each 32-bit lane of
-a register holds 4 consecutive weights of one output, so a row's 4 activations, copied to all 8 lanes, multiply 8
-outputs at once and each lane adds up one output's sum (no sums across lanes). `product(x, w)` rounds each block
-of 32 activations to 8 bits (symmetric, its largest magnitude to 127: llama.cpp's Q8_0 activations), multiplies
-them by the 4-bit numbers with AVX2's `maddubs` (32 byte products per instruction), then applies each block's scale
-and minimum in float: sum_i (d q_i + m) (a q'_i) = d a sum q q' + m a sum q'. One tile's weights serve up to 8
-rows of activations, so a decode step of several rows reads them once (with fewer than 8 rows each row's sum is
-split in two or four, so that the byte products do not wait on each other). `pack_q8` and `Q8Linear` do the same for
-the file's Q8_0 embedding (the int4-q8 format's head). For the int4 format's fused step the same tiles meet
-activations rounded to bfloat16 instead (`block_product_bf16`, AVX-512 BF16's `dpbf16ps`; `why_not_bf16` says
-where it runs), and `pack_int8` / `dynamic_int8_product` compute its head (formats.Int8DynamicLinear) with `dpbusd`,
-unsigned activations times signed weights, rounded as that layer rounds them. Two builds of one source: 'vnni' where the CPU has AVX-512
-VNNI (`dpbusd` adds 4 byte products into a 32-bit lane in one instruction), else 'avx2'. `available()` says whether
-it runs here (x86 with AVX2, FMA and F16C, a C++ compiler) and why not. Built by torch.utils.cpp_extension.load_inline
-into the course's cache folder (about 40 s, once per machine); inside torch.compile one operator (course::block_product).
+What it does: `pack(q, scale, minimum)` lays the file's Q4_1 blocks out in tiles of 8 outputs: each 32-bit lane of a
+register holds 4 consecutive weights of one output, so a row's 4 activations, copied to all 8 lanes, multiply 8
+outputs at once and each lane adds up one output's sum (no sums across lanes). `product(x, w)` rounds each block of 32
+activations to 8 bits (symmetric, its largest magnitude to 127: llama.cpp's Q8_0 activations), multiplies them by the
+4-bit numbers with AVX2's `maddubs` (32 byte products per instruction), then applies each block's scale and minimum in
+float: sum_i (d q_i + m) (a q'_i) = d a sum q q' + m a sum q'. One tile's weights serve up to 8 rows of activations,
+so a decode step of several rows reads them once (with fewer than 8 rows each row's sum is split in two or four, so
+that the byte products do not wait on each other). `pack_q8` and `Q8Linear` do the same for the file's Q8_0 embedding
+(the int4-q8 format's head). For the int4 format's fused step the same tiles meet activations rounded to bfloat16
+instead (`block_product_bf16`, AVX-512 BF16's `dpbf16ps`; `why_not_bf16` says where it runs), and `pack_int8` /
+`dynamic_int8_product` compute its head (formats.Int8DynamicLinear) with `dpbusd`, unsigned activations times signed
+weights, rounded as that layer rounds them. Two builds of one source: 'vnni' where the CPU has AVX-512 VNNI (`dpbusd`
+adds 4 byte products into a 32-bit lane in one instruction), else 'avx2'. `available()` says whether it runs here (x86
+with AVX2, FMA and F16C, a C++ compiler) and why not. Built by torch.utils.cpp_extension.load_inline into the course's
+cache folder (about 40 s, once per machine); inside torch.compile one operator (course::block_product).
 Measured on an AMD CPU with AVX2 only, one thread, 1536 x 576 weights hot in cache, 2026-12-06 (tiles of 4 rows then):
-24 / 38 / 70 / 135 us at 1 / 2 / 4 / 8 rows against torch's 4-bit kernel 138 / 147 / 233 / 462. On the AVX-512
-VNNI machine, 2026-12-07, all 120 products of a decode step from memory, 8 rows: 9.4 ms with tiles of 4, 8.5 with 8.
+24 / 38 / 70 / 135 us at 1 / 2 / 4 / 8 rows against torch's 4-bit kernel 138 / 147 / 233 / 462. On the AVX-512 VNNI
+machine, 2026-12-07, all 120 products of a decode step from memory, 8 rows: 9.4 ms with tiles of 4, 8.5 with 8.
 What it does not do: run on a GPU or an ARM CPU (the reason is printed, and the layer keeps torch's kernel), use
-512-bit registers (except the bfloat16 product's), or give torch's numbers: the activations lose what 8 bits per block of 32 cannot hold
-(tests/test_q4_kernel.py bounds it; the bench's engine section measures perplexity).
+512-bit registers (except the bfloat16 product's), or give torch's numbers: the activations lose what 8 bits per block
+of 32 cannot hold (tests/test_q4_kernel.py bounds it; the bench's engine section measures perplexity).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import torch
 SOURCE = Path(__file__).with_name("q4_kernel.cpp")  # the C++, beside this file
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-DCOURSE_VNNI"]
+FUNCTIONS = ["block_product", "block_product_bf16", "dynamic_int8_product", "decode_layers"]  # what the C++ exports
 
 
 def cpu_flags() -> set[str]:
@@ -78,8 +79,8 @@ def best_variant() -> str:
 
 @functools.cache
 def extension(variant: str | None = None):
-    """The built kernel (a Python module with block_product, block_product_bf16, decode_layers), compiled once per variant into the course's cache
-    folder: `variant` 'avx2' or 'vnni' (best_variant() when None; the tests build both where the CPU runs both)."""
+    """The built kernel (a Python module with FUNCTIONS), compiled once per variant into the course's cache folder:
+    `variant` 'avx2' or 'vnni' (best_variant() when None; the tests build both where the CPU runs both)."""
     reason = why_not()
     if reason:
         raise RuntimeError(reason)
@@ -94,7 +95,7 @@ def extension(variant: str | None = None):
     if not any(folder.glob("*.so")):
         print(f"building the course's 4-bit kernel ({variant}; C++, once per machine: about 40 s)...", flush=True)
     flags = FLAGS + (VNNI_FLAGS if variant == "vnni" else [])
-    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=["block_product", "block_product_bf16", "dynamic_int8_product", "decode_layers"], extra_cflags=flags,
+    return load_inline(f"course_q4_{variant}", cpp_sources=SOURCE.read_text(), functions=FUNCTIONS, extra_cflags=flags,
                        extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 
@@ -164,7 +165,8 @@ def pack_int8(q: torch.Tensor) -> torch.Tensor:
     """int8 weights (N, K) (formats.quantize_int8's, one scale per output kept apart) in the kernel's tiles:
     (N/8, K/32, 256) uint8, byte 32c + 4j + e of a block is output j's weight 4c + e (pack_q8's order, no scales)."""
     N, K = q.shape
-    return q.reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(N // 8, K // 32, 256).contiguous().view(torch.uint8)
+    grid = q.reshape(N // 8, 8, K // 32, 8, 4).permute(0, 2, 3, 1, 4).reshape(N // 8, K // 32, 256)
+    return grid.contiguous().view(torch.uint8)
 
 
 def _per_tile(values: torch.Tensor) -> torch.Tensor:

@@ -403,7 +403,9 @@ print(f"the engine's cache capacities: {len(CAPACITIES)} buckets {CAPACITIES} (c
 # calls, not the fused loops around them). The int4 format's output head (lesson 12) is one the compiler
 # cannot take, so it runs just after the compiled step, eagerly. Where the products are short (int4) that saving is a larger share of the step,
 # but a gap of a few percent between the two speed-ups is within what a busy machine moves between runs: read
-# them as "both gained", not as a ranking. The int4 compiled step is the row lesson 12 races against llama.cpp.
+# them as "both gained", not as a ranking. Lesson 12 races the course's fastest step against llama.cpp (its
+# record names which, `course_step`: this compiled one in the first sittings, the C++ step described below in
+# the later ones).
 # In float32 the compiled step should give the very tokens of ours (the line says). In bfloat16 (the int4
 # format's activations) it need not: its attention adds up a masked span of the cache, ours the written
 # columns only, and rounding in a different order can flip a near-tie (the line says at which token). Where
