@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+STEP_LINE = "decode step: "  # the child's line that says what its decode step ran (CompiledRunner.step_kind)
 
 
 def serve(argv: list[str]) -> int:
@@ -41,8 +42,10 @@ def serve(argv: list[str]) -> int:
     # the bundled file, or another (a Q4_0 made by llama.cpp's quantizer): its weights and its own tokenizer, as
     # llama-server reads them
     model, tokenizer = course_lib.load_model(args.gguf or None, device="cpu", dtype="float32", verbose=False)
-    start_server(model, tokenizer, args.port, max_tokens_cap=MAX_TOKENS, max_concurrent=64,
-                 **COURSE_CONFIGS[args.config])
+    handle = start_server(model, tokenizer, args.port, max_tokens_cap=MAX_TOKENS, max_concurrent=64,
+                          **COURSE_CONFIGS[args.config])
+    served = handle.app.state.engine.model  # a CompiledRunner names its step; the paged or eager model runs eagerly
+    print(f"{STEP_LINE}{getattr(served, 'step_kind', 'eager')}", flush=True)
     print("serving", flush=True)
     while True:
         time.sleep(60)
@@ -74,7 +77,9 @@ def main() -> int:
     record = {"threads": args.threads, "cores": cores, "rates": list(traces), "requests_per_rate":
               serving_peers.REQUESTS, "max_tokens": serving_peers.MAX_TOKENS, "ttft_target_s":
               serving_peers.TTFT_TARGET_S, "gap_target_s": serving_peers.GAP_TARGET_S, "order": order, "runs": {},
-              "ready_s": {}, "machine": {}, "commands": {}}
+              "ready_s": {}, "machine": {}, "commands": {},
+              "course_steps": {}, "course_configs": {name: serving_peers.COURSE_CONFIGS[name]
+                                                     for name in args.configs.split(",")}}
     version = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True, timeout=60)
     record["llama_server"] = {"version": (version.stdout + version.stderr).strip()[-400:],
                               "sha256": sha256_of(Path(args.llama_server))}
@@ -98,6 +103,9 @@ def main() -> int:
             record["ready_s"][name] = serving_peers.wait_ready(url, proc, timeout=2400)  # the compiler, cold
             before = peers_protocol.machine_state()
             record["runs"][name] = serving_peers.drive(url, traces)
+            if not name.startswith("llama"):  # the child said it once it served (long before the trace ended)
+                said = [line for line in log.read_text().splitlines() if line.startswith(STEP_LINE)]
+                record["course_steps"][name] = said[-1][len(STEP_LINE):] if said else "unknown"
             after = peers_protocol.machine_state()
             record["machine"][name] = {"before": before, "after": after,
                                        "steal_fraction": peers_protocol.steal_fraction(before, after)}
@@ -112,6 +120,8 @@ def main() -> int:
                   processor=_cpu_name(), file=Path(gguf).name)
     tag = "" if args.gguf == "bundled" else "-" + Path(gguf).stem.split(".")[-1]  # -Q4_0 beside the course's file
     out = Path(args.out) / f"serving-peers-cpu-{record['when'][:10]}{tag}.json"
+    if out.exists():  # the day's first sitting keeps its name: this one gets its hour and minute
+        out = out.with_name(f"serving-peers-cpu-{record['when'][:10]}-{record['when'][11:16].replace(':', '')}{tag}.json")
     out.write_text(json.dumps(record, indent=1))
     partial.unlink()
     print("\n".join(serving_peers.describe(record)))

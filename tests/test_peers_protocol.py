@@ -75,6 +75,15 @@ def test_trial_commands_match_the_file_format():
     assert commands["llama.cpp"][-4:] == ["m.gguf", "2", "1024", "0"] and commands["llama.cpp flash"][-1] == "1"
 
 
+def test_step_for_gives_int4_the_fused_step_only_where_the_cpu_runs_its_bfloat16_products(monkeypatch):
+    from course_lib.runner import q4_kernel
+    here = "compiled" if q4_kernel.why_not_bf16() else "fused"
+    assert pp.step_for("int4", "fused") == here and pp.step_for("int4", "compiled") == "compiled"
+    flags = q4_kernel.cpu_flags() - {"avx512_bf16"}  # a CPU without BF16 (an Ice Lake): torch.compile's step
+    monkeypatch.setattr(q4_kernel, "cpu_flags", lambda: flags)
+    assert pp.step_for("int4", "fused") == "compiled" and pp.step_for("int4-q8", "fused") == "fused"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="taskset is Linux's")
 def test_run_child_pins_a_fresh_process_and_says_why_it_failed():
     out = pp.run_child([sys.executable, "-c", "import json, os; print('noise'); print(json.dumps(sorted(os.sched_getaffinity(0))))"], 1)

@@ -160,7 +160,7 @@ def cell_summary(name: str, threads: int, trials: dict[str, list[dict]], before:
 
 def course_trial(gguf: str, threads: int, context: int, ids: dict, fmt: str = "int4", step: str = "compiled") -> dict:
     """The course's side of one trial, in this (fresh) process: the model read from `gguf`, in format `fmt`, its
-    decode step (`step`: 'compiled', or 'fused' for int4-q8) at a static capacity of `context` columns (what
+    decode step (`step`: 'compiled', or 'fused' as step_for allows) at a static capacity of `context` columns (what
     llama.cpp's n_ctx holds); a warm-up of 4 tokens (which compiles), then ids['n_new'] greedy tokens after the
     prompt, each gap timed with its argmax."""
     import torch
@@ -175,9 +175,13 @@ def course_trial(gguf: str, threads: int, context: int, ids: dict, fmt: str = "i
 
 
 def step_for(fmt: str, step: str) -> str:
-    """The course's step on a file whose format is `fmt`: the fused step exists for int4-q8 only, so any other
-    format (int8 on a Q8_0 file) keeps torch.compile's. Example: step_for("int8", "fused") -> 'compiled'"""
-    return step if fmt == "int4-q8" else "compiled"
+    """The course's step on a file whose format is `fmt`: the fused step exists for int4-q8, and for int4 where the
+    CPU has AVX-512 BF16 (fused_step.why_not_fused), so any other format (int8 on a Q8_0 file) keeps
+    torch.compile's. Example: step_for("int8", "fused") -> 'compiled'"""
+    if step != "fused" or fmt == "int4-q8":
+        return step
+    from ..runner import q4_kernel
+    return step if fmt == "int4" and not q4_kernel.why_not_bf16() else "compiled"
 
 
 def course_step(model, capacity: int, kind: str = "compiled"):

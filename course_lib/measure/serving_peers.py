@@ -13,8 +13,11 @@ course's server (serve.serving.start_server does, in the script's child process)
 """
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import time
+from pathlib import Path
 
 from .load import mixed_trace, replay, summarize
 from .serving import GAP_TARGET_S, TTFT_TARGET_S
@@ -22,9 +25,12 @@ from .serving import GAP_TARGET_S, TTFT_TARGET_S
 RATES = (0.25, 0.5, 1.0)  # requests per second
 REQUESTS, MAX_TOKENS = 14, 32  # per rate: the bench's serving_load trace
 SLOT_CONTEXT = 2048  # llama-server splits -c across its slots: each must hold a handbook request (about 1,150 tokens)
-COURSE_CONFIGS = {  # name -> start_server options (the course's own model; int4 as the file's 4-bit blocks)
+# name -> start_server options (the course's own model, its 4-bit weights from the file's blocks). The paged cache's
+# decode runs eagerly, so it takes the format whose eager products are fastest here: int4-q8 (the course's kernel)
+# read a 128-token chunk in 0.14 s against int4's 0.24 (SmolLM2, two threads, 2026-12-07; int4 before that date)
+COURSE_CONFIGS = {
     "course compiled": {"fmt": "int4", "compiled": True},
-    "course paged chunked": {"fmt": "int4", "kv_cache": "paged", "prefix_caching": True, "token_budget": 128},
+    "course paged chunked": {"fmt": "int4-q8", "kv_cache": "paged", "prefix_caching": True, "token_budget": 128},
 }
 
 
@@ -94,11 +100,21 @@ def compare(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
+def serving_records(folder: Path) -> list[Path]:
+    """The serving-peers records on the course's own file in `folder` (serving-peers-cpu-DATE[-HHMM].json; a record on
+    another file carries its format, -Q4_0, and is left out), oldest sitting first by the time each says it ended."""
+    files = [p for p in folder.glob("serving-peers-cpu-*.json") if not re.search(r"-Q\d_\w+$", p.stem)]
+    return sorted(files, key=lambda p: json.loads(p.read_text())["when"])
+
+
 def describe(record: dict) -> list[str]:
     """A serving-peers record as lines: each configuration at each rate, then the comparison per rate."""
     lines = [f"serving peers: {record['requests_per_rate']} requests per rate, at most {record['max_tokens']} tokens "
              f"each, {record['threads']} thread(s) per server, first token within {record['ttft_target_s']:.0f} s and "
              f"no gap over {record['gap_target_s']:.0f} s count as good"]
+    if record.get("course_steps"):  # newer records: what each course configuration's decode step ran
+        lines.append("  the course's decode steps: " + ", ".join(f"{name} {kind}" for name, kind
+                                                               in record["course_steps"].items()))
     for name, runs in record["runs"].items():
         for r in runs:
             lines.append(f"  {name:<22} {r['rate']:.2f} req/s: first token p50 {r['ttft_p50_s']:.2f} p99 "

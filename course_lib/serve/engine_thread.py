@@ -154,7 +154,7 @@ def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: 
     if compiled:
         from ..runner.compiled import compiled_runner
         runner = compiled_runner(ours)
-        if runner.compile and not runner.why_eager and not runner.compiled_code:
+        if runner.step_kind == "compiled" and not runner.compiled_code:  # the fused step has nothing to compile
             print("compiling the decode step before serving (a single row, then a batch; up to a few minutes the "
                   "first time on a CPU)...", flush=True)
             print(f"compiled in {runner.warm():.0f} s", flush=True)

@@ -33,7 +33,7 @@ from IPython.display import display
 from course_lib.runner import paged
 from course_lib.views import plots, plots_perf, widgets
 from course_lib.runtime import progress
-from course_lib.measure import trace as paged_runs
+from course_lib.measure import serving_peers, trace as paged_runs
 from course_lib.engine.request import end_of_turn_ids, Job
 from course_lib.engine.paged_scheduler import PagedScheduler
 from course_lib.engine.generation import run_paged, step
@@ -466,22 +466,31 @@ else:
 # running requests (the right panel shows how much, in that run). The figures come from one run on one
 # machine; yours will differ, and a busy machine can reorder close lines.
 #
-# How does this server compare with a production one on the same laptop? The course committed a
-# sitting against llama.cpp's server (`llama-server`, built from the source that ships inside
+# How does this server compare with a production one on the same laptop? The course committed
+# sittings against llama.cpp's server (`llama-server`, built from the source that ships inside
 # llama-cpp-python, on the course's own GGUF file, with continuous batching and a choice of slots),
-# both driven by the bench's trace over loopback with the same latency targets. The course ran twice:
-# the compiled int4 step on a contiguous cache, and the paged cache of this lesson with chunked prefill
-# and prefix caching (int4 weights, eager steps). `scripts/serving_peers_cpu.py` remakes it; the next
-# cell reads the newest record.
+# both driven by the bench's trace over loopback with the same latency targets. The course ran twice.
+# First `compiled=True` on the int4 format with a contiguous cache: the record's decode-steps line
+# says what that step was (lesson 12's fused C++ step where the CPU has bfloat16 pair products,
+# torch.compile's elsewhere). Then the paged cache of this lesson with chunked prefill and prefix
+# caching; its decode runs eagerly, so it takes the 4-bit format whose eager products are fastest here
+# (int4-q8, the course's own kernel; the older records ran int4, and each record lists the options
+# every configuration ran with). `scripts/serving_peers_cpu.py` remakes a sitting; the next cell
+# prints the newest in full and the earlier ones a line per rate.
 
 # %%
-from course_lib.measure import serving_peers
-
-peers = sorted(Path("../data/benchmarks").glob("serving-peers-cpu-????-??-??.json"))  # the course's own file
-if peers:
-    record = json.loads(peers[-1].read_text())
-    print(peers[-1].name, "|", record["processor"], "|", record["llama_server"]["version"].splitlines()[0])
+sittings = serving_peers.serving_records(Path("../data/benchmarks"))  # the course's own file, oldest first
+if sittings:
+    record = json.loads(sittings[-1].read_text())
+    print(sittings[-1].name, "|", record["processor"], "|", record["llama_server"]["version"].splitlines()[0])
+    for name, options in record.get("course_configs", {}).items():
+        print(f"  {name}: {options}")
     print("\n".join(serving_peers.describe(record)))
+    for earlier in sittings[:-1]:
+        old = json.loads(earlier.read_text())
+        print(f"earlier, {earlier.name}:", "; ".join(
+            f"{row['rate']:.2f} req/s {row['course']} {row['goodput_rps'][0]:.3f} vs {row['llama']} "
+            f"{row['goodput_rps'][1]:.3f} ({'met' if row['met'] else 'missed'})" for row in old["comparison"]))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
     for ax, key, label in ((axes[0], "goodput_rps", "goodput (good requests per second)"),
                            (axes[1], "itl_p99_s", "p99 time between tokens (s)")):
@@ -497,18 +506,25 @@ else:
 # on that machine, that hour, with the load generator sharing its cores. What it cannot: a ranking
 # that holds on another CPU, under another trace, or between close lines (one run per rate, no
 # repeats; llama.cpp's own single-stream speed moved from one sitting to the next in lesson 12's
-# paired protocol).
+# paired protocol). Two sittings on one day, llama-server unchanged between them, show how far its
+# own lines move: compare its rows in the newest record with the earlier line of the same date.
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
-# Read the two course lines against section 6. The compiled configuration runs on the contiguous cache,
-# which reads every prompt whole: each handbook-sized prompt stalls every running request for as long
-# as it takes, and that, more than the cost of a decode step, sets its p99 gap. The paged configuration
-# reads prompts in chunks and finds the shared handbook in its prefix cache. How much each matters
-# depends on the trace: this one sends long prompts often. llama-server ran the course's Q4_1 file, which is not its fastest 4-bit layout
-# (lesson 12, section 7), with its default settings otherwise: a long prompt goes in micro-batches of
-# several hundred tokens, and each slot keeps its own last prompt for reuse (a new request goes to the
-# slot whose last prompt it most resembles), rather than one block pool shared by every request.
+# Read the two course lines against section 6. The compiled configuration's step is the fastest the
+# course has: compare its median gap between tokens with llama-server's. But the contiguous cache
+# reads every prompt whole, through the int4 format's prefill (torch's 4-bit kernel, many rows at
+# once), and each handbook-sized prompt stalls every running request for as long as that takes: that,
+# not the step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up
+# and time to first token runs past its target. The paged configuration reads prompts in chunks and
+# finds the shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while
+# its median gap is an eager step's. The course has not joined the two yet: the fused step reads a
+# contiguous cache, the chunks and the shared prefix live in the paged one (lesson 16's attention
+# reads block tables; the fused step does not). llama-server ran the course's Q4_1 file, which is not
+# its fastest 4-bit layout (lesson 12, section 7), with its default settings otherwise: a long prompt
+# goes in micro-batches of several hundred tokens, and each slot keeps its own last prompt for reuse
+# (a new request goes to the slot whose last prompt it most resembles), rather than one block pool
+# shared by every request.
 
 # %% [markdown]
 # ## 7. Several answers to one prompt: fork the blocks, copy on write
