@@ -511,8 +511,8 @@ else:
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
-# Read the two course lines against section 6. The compiled configuration's step is the fastest the
-# course has: compare its median gap between tokens with llama-server's. But the contiguous cache
+# Read the two course lines against section 6. Where the record says the compiled configuration ran
+# the fused step, compare its median gap between tokens with llama-server's. But the contiguous cache
 # reads every prompt whole, through the int4 format's prefill (torch's 4-bit kernel, many rows at
 # once), and each handbook-sized prompt stalls every running request for as long as that takes: that,
 # not the step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up
