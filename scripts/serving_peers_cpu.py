@@ -121,7 +121,8 @@ def main() -> int:
     tag = "" if args.gguf == "bundled" else "-" + Path(gguf).stem.split(".")[-1]  # -Q4_0 beside the course's file
     out = Path(args.out) / f"serving-peers-cpu-{record['when'][:10]}{tag}.json"
     if out.exists():  # the day's first sitting keeps its name: this one gets its hour and minute
-        out = out.with_name(f"serving-peers-cpu-{record['when'][:10]}-{record['when'][11:16].replace(':', '')}{tag}.json")
+        hour = record["when"][11:16].replace(":", "")
+        out = out.with_name(f"serving-peers-cpu-{record['when'][:10]}-{hour}{tag}.json")
     out.write_text(json.dumps(record, indent=1))
     partial.unlink()
     print("\n".join(serving_peers.describe(record)))

@@ -65,7 +65,7 @@ def test_compare_takes_each_sides_best_and_needs_both_goodput_and_gaps():
 def test_describe_names_each_course_configurations_decode_step_when_the_record_has_them():
     runs = {"course compiled": [_run(0.5, 0.4, 0.10)], "llama-server 4 slots": [_run(0.5, 0.45, 0.15)]}
     for run in (*runs["course compiled"], *runs["llama-server 4 slots"]):
-        run.update(ttft_p50_s=0.1, ttft_p99_s=0.2, itl_p50_s=0.01, finished=1, requests=1)
+        run.update(ttft_p50_s=0.1, ttft_p99_s=0.2, itl_p50_s=0.01, max_gap_s=0.5, finished=1, requests=1)
     record = {"requests_per_rate": 1, "max_tokens": 4, "threads": 1, "ttft_target_s": 10.0, "gap_target_s": 1.0,
               "runs": runs, "comparison": serving_peers.compare(runs)}
     assert not any("decode steps" in line for line in serving_peers.describe(record))  # older records: no line
@@ -84,3 +84,5 @@ def test_serving_records_orders_sittings_by_their_end_and_leaves_other_files_out
     names = [p.name for p in serving_peers.serving_records(tmp_path)]
     assert names == ["serving-peers-cpu-2026-12-05.json", "serving-peers-cpu-2026-12-07.json",
                      "serving-peers-cpu-2026-12-07-1130.json"]  # by name the 11:30 sitting would sort first
+    others = serving_peers.serving_records(tmp_path, other_files=True)
+    assert [p.name for p in others] == ["serving-peers-cpu-2026-12-08-Q4_0.json"]

@@ -100,10 +100,12 @@ def compare(runs: dict[str, list[dict]]) -> list[dict]:
     return rows
 
 
-def serving_records(folder: Path) -> list[Path]:
-    """The serving-peers records on the course's own file in `folder` (serving-peers-cpu-DATE[-HHMM].json; a record on
-    another file carries its format, -Q4_0, and is left out), oldest sitting first by the time each says it ended."""
-    files = [p for p in folder.glob("serving-peers-cpu-*.json") if not re.search(r"-Q\d_\w+$", p.stem)]
+def serving_records(folder: Path, other_files: bool = False) -> list[Path]:
+    """The serving-peers records on the course's own file in `folder` (serving-peers-cpu-DATE[-HHMM].json), or with
+    other_files=True those on another file (their names carry its format: -Q4_0), oldest sitting first by the time
+    each says it ended."""
+    files = [p for p in folder.glob("serving-peers-cpu-*.json")
+             if bool(re.search(r"-Q\d_\w+$", p.stem)) == other_files]
     return sorted(files, key=lambda p: json.loads(p.read_text())["when"])
 
 
@@ -119,8 +121,8 @@ def describe(record: dict) -> list[str]:
         for r in runs:
             lines.append(f"  {name:<22} {r['rate']:.2f} req/s: first token p50 {r['ttft_p50_s']:.2f} p99 "
                          f"{r['ttft_p99_s']:.2f} s, between tokens p50 {r['itl_p50_s']:.3f} p99 {r['itl_p99_s']:.3f} "
-                         f"s, {r['tokens_per_s']:.1f} tok/s, goodput {r['goodput_rps']:.3f} req/s, "
-                         f"{r['finished']}/{r['requests']} finished")
+                         f"max {r['max_gap_s']:.2f} s, {r['tokens_per_s']:.1f} tok/s, goodput {r['goodput_rps']:.3f} "
+                         f"req/s, {r['finished']}/{r['requests']} finished")
     for row in record["comparison"]:
         lines.append(f"  {row['rate']:.2f} req/s: {row['course']} goodput {row['goodput_rps'][0]:.3f} vs "
                      f"{row['llama']} {row['goodput_rps'][1]:.3f} req/s, p99 gap {row['itl_p99_s'][0]:.3f} vs "

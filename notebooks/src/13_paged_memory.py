@@ -476,7 +476,8 @@ else:
 # caching; its decode runs eagerly, so it takes the 4-bit format whose eager products are fastest here
 # (int4-q8, the course's own kernel; the older records ran int4, and each record lists the options
 # every configuration ran with). `scripts/serving_peers_cpu.py` remakes a sitting; the next cell
-# prints the newest in full and the earlier ones a line per rate.
+# prints the newest in full, the earlier ones a line per rate, and last the newest sitting on another
+# file (both servers on it): Q4_0, the layout llama.cpp repacks for its fast kernels.
 
 # %%
 sittings = serving_peers.serving_records(Path("../data/benchmarks"))  # the course's own file, oldest first
@@ -498,6 +499,10 @@ if sittings:
                                                        for name, runs in record["runs"].items()},
                                      ax=ax, ylabel=label, title=label.split(" (")[0])
     plt.show()
+    for other in serving_peers.serving_records(Path("../data/benchmarks"), other_files=True)[-1:]:
+        record = json.loads(other.read_text())  # the newest sitting on another file: both servers on it
+        print(f"on {record['file']} ({other.name}):")
+        print("\n".join(serving_peers.describe(record)[1:]))
 else:
     print("no committed serving-peers record: scripts/serving_peers_cpu.py makes one (it needs llama-server)")
 
@@ -520,11 +525,19 @@ else:
 # finds the shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while
 # its median gap is an eager step's. The course has not joined the two yet: the fused step reads a
 # contiguous cache, the chunks and the shared prefix live in the paged one (lesson 16's attention
-# reads block tables; the fused step does not). llama-server ran the course's Q4_1 file, which is not
-# its fastest 4-bit layout (lesson 12, section 7), with its default settings otherwise: a long prompt
-# goes in micro-batches of several hundred tokens, and each slot keeps its own last prompt for reuse
-# (a new request goes to the slot whose last prompt it most resembles), rather than one block pool
-# shared by every request.
+# reads block tables; the fused step does not). llama-server ran with its default settings: a long
+# prompt goes in micro-batches of several hundred tokens, and each slot keeps its own last prompt for
+# reuse (a new request goes to the slot whose last prompt it most resembles), rather than one block
+# pool shared by every request.
+#
+# Then read the last lines, on Q4_0, before you conclude anything about llama.cpp: the first sitting
+# ran the course's Q4_1 file, which is not llama.cpp's fastest 4-bit layout (lesson 12, section 7).
+# Compare each server's p99 gap with its longest gap. A server that reads a long prompt whole freezes
+# the requests already answering once, for the whole read; chunking cuts that freeze into one piece
+# per chunk. When long prompts are rare, the whole read's single freeze is a handful of gaps, below
+# the p99 line, while the chunks' many medium gaps can fill the slowest percent: the p99 favours
+# the freeze, and the goodput target (no gap over a second) favours the chunks. Which to prefer
+# depends on what your users notice; a fair comparison reports both, as these lines do.
 
 # %% [markdown]
 # ## 7. Several answers to one prompt: fork the blocks, copy on write
