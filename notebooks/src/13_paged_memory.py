@@ -530,7 +530,7 @@ else:
 # reuse (a new request goes to the slot whose last prompt it most resembles), rather than one block
 # pool shared by every request.
 #
-# Then read the last lines, on Q4_0, before you conclude anything about llama.cpp: the first sitting
+# Then read the last lines, on Q4_0, before you conclude anything about llama.cpp: the sittings above
 # ran the course's Q4_1 file, which is not llama.cpp's fastest 4-bit layout (lesson 12, section 7).
 # Compare each server's p99 gap with its longest gap. A server that reads a long prompt whole freezes
 # the requests already answering once, for the whole read; chunking cuts that freeze into one piece
