@@ -487,11 +487,10 @@ if sittings:
     for name, options in record.get("course_configs", {}).items():
         print(f"  {name}: {options}")
     print("\n".join(serving_peers.describe(record)))
-    for earlier in sittings[:-1]:
+    for earlier in sittings[:-1]:  # their comparison lines only: a line per rate
         old = json.loads(earlier.read_text())
-        print(f"earlier, {earlier.name}:", "; ".join(
-            f"{row['rate']:.2f} req/s {row['course']} {row['goodput_rps'][0]:.3f} vs {row['llama']} "
-            f"{row['goodput_rps'][1]:.3f} ({'met' if row['met'] else 'missed'})" for row in old["comparison"]))
+        print(f"earlier, {earlier.name}:")
+        print("\n".join(serving_peers.describe(old)[-len(old["comparison"]):]))
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
     for ax, key, label in ((axes[0], "goodput_rps", "goodput (good requests per second)"),
                            (axes[1], "itl_p99_s", "p99 time between tokens (s)")):
@@ -500,9 +499,9 @@ if sittings:
                                      ax=ax, ylabel=label, title=label.split(" (")[0])
     plt.show()
     for other in serving_peers.serving_records(Path("../data/benchmarks"), other_files=True)[-1:]:
-        record = json.loads(other.read_text())  # the newest sitting on another file: both servers on it
-        print(f"on {record['file']} ({other.name}):")
-        print("\n".join(serving_peers.describe(record)[1:]))
+        on_other = json.loads(other.read_text())  # the newest sitting on another file: both servers on it
+        print(f"on {on_other['file']} ({other.name}):")
+        print("\n".join(serving_peers.describe(on_other)[1:]))
 else:
     print("no committed serving-peers record: scripts/serving_peers_cpu.py makes one (it needs llama-server)")
 
@@ -512,7 +511,7 @@ else:
 # that holds on another CPU, under another trace, or between close lines (one run per rate, no
 # repeats; llama.cpp's own single-stream speed moved from one sitting to the next in lesson 12's
 # paired protocol). Two sittings on one day, llama-server unchanged between them, show how far its
-# own lines move: compare its rows in the newest record with the earlier line of the same date.
+# own lines move: compare its rows in the newest record with the earlier lines of the same date.
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
