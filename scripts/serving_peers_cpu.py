@@ -44,8 +44,9 @@ def serve(argv: list[str]) -> int:
     model, tokenizer = course_lib.load_model(args.gguf or None, device="cpu", dtype="float32", verbose=False)
     handle = start_server(model, tokenizer, args.port, max_tokens_cap=MAX_TOKENS, max_concurrent=64,
                           **COURSE_CONFIGS[args.config])
-    served = handle.app.state.engine.model  # a CompiledRunner names its step; the paged or eager model runs eagerly
-    print(f"{STEP_LINE}{getattr(served, 'step_kind', 'eager')}", flush=True)
+    engine = handle.app.state.engine  # a CompiledRunner or the slots' scheduler names its step; the rest run eagerly
+    print(f"{STEP_LINE}{getattr(engine.model, 'step_kind', None) or getattr(engine.batch, 'step_kind', 'eager')}",
+          flush=True)
     print("serving", flush=True)
     while True:
         time.sleep(60)
@@ -58,7 +59,7 @@ def main() -> int:
     parser.add_argument("--llama-server", required=True, help="the llama-server binary (built in a scratch folder)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--slots", default="4,8", help="llama-server's parallel slots to try, comma-separated")
-    parser.add_argument("--configs", default="course compiled,course paged chunked")
+    parser.add_argument("--configs", default="", help="COURSE_CONFIGS names, comma-separated (default: all)")
     parser.add_argument("--gguf", default="bundled", help="the GGUF file both servers run (bundled: the course's Q4_1)")
     parser.add_argument("--out", default=str(ROOT / "data" / "benchmarks"))
     args = parser.parse_args()
@@ -72,14 +73,14 @@ def main() -> int:
     cores = peers_protocol.cores(args.threads)
     traces = serving_peers.traces()
     names = [f"llama-server {s} slots" for s in args.slots.split(",")]
-    course = args.configs.split(",")
+    course = args.configs.split(",") if args.configs else list(serving_peers.COURSE_CONFIGS)
     order = [x for pair in zip(names, course) for x in pair] + names[len(course):] + course[len(names):]
     record = {"threads": args.threads, "cores": cores, "rates": list(traces), "requests_per_rate":
               serving_peers.REQUESTS, "max_tokens": serving_peers.MAX_TOKENS, "ttft_target_s":
               serving_peers.TTFT_TARGET_S, "gap_target_s": serving_peers.GAP_TARGET_S, "order": order, "runs": {},
               "ready_s": {}, "machine": {}, "commands": {},
               "course_steps": {}, "course_configs": {name: serving_peers.COURSE_CONFIGS[name]
-                                                     for name in args.configs.split(",")}}
+                                                     for name in course}}
     version = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True, timeout=60)
     record["llama_server"] = {"version": (version.stdout + version.stderr).strip()[-400:],
                               "sha256": sha256_of(Path(args.llama_server))}

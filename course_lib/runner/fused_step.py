@@ -32,8 +32,13 @@ processes at one thread): the 8-bit cache's step against the float cache's 0.78-
 Measured 2026-12-07, same machine, int4 (data/benchmarks/fused-int4-cpu-2026-12-07.json, two fresh processes at one
 thread): a step of one row 5.2 ms fused against 14.8-15.8 eagerly (torch's 4-bit kernel and oneDNN's head), the head
 alone 0.7 ms against 2.0-2.6; generate(..., compiled=True) 2.32-2.41x the eager loop (2.39x at two threads).
+`tokens_at` runs the same C++ over tokens of several requests at once (q4_kernel.cpp's step_tokens: each token at
+its own cache row and column): decode tokens and prompt chunks in one call, the engine step of slots
+(engine.slot_scheduler). A chunk's tokens are written first and each attends to its row's columns up to its own, so
+a chunk gives, bit for bit, what its tokens give one at a time; the attention takes the tokens head by head, so a
+chunk's tokens read their row's keys one after the other while they are still in the processor's cache.
 What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a 4-bit
-cache, a paged cache, a GPU, or several tokens a row (prefill stays in the model). Its numbers equal the eager step's
+cache, a paged cache or a GPU; `tokens_at` takes no 8-bit cache. Its numbers equal the eager step's
 up to float rounding, and a rounding difference can move one activation across an 8-bit step: the logits then differ
 by up to a few tenths on the real model (tests/test_fused_step.py bounds one block; a near-tie between two tokens can
 flip, as with the compiled step).
@@ -122,12 +127,46 @@ class FusedDecode:
             out = self.code.decode_layers(x, self.parts, cache.keys, cache.values, *scales, cos.contiguous(),
                                           sin.contiguous(), key_mask.contiguous(), column, self.model.heads,
                                           self.model.kv_heads, self.model.eps, self.bf16)
-            if self.head_tiles is None:
-                logits = head(self.model, out.to(self.model.dtype)[:, None])  # (B, 1, V)
-            else:
-                model, lm_head = self.model, self.model.lm_head
-                normed = norm(out.to(model.dtype), model.final_norm, model.eps).float()  # (B, hidden), as head()
-                logits = self.code.dynamic_int8_product(normed, self.head_tiles, lm_head.scale,
-                                                        lm_head.row_sums).to(model.dtype)[:, None]
+            logits = self._head(out)[:, None]  # (B, 1, V)
         cache.length = column + 1
         return logits
+
+    def _head(self, out: torch.Tensor) -> torch.Tensor:
+        """The last block's output (N, hidden) -> (N, V) logits: the final norm and the head."""
+        if self.head_tiles is None:
+            return head(self.model, out.to(self.model.dtype)[:, None])[:, 0]
+        model, lm_head = self.model, self.model.lm_head
+        normed = norm(out.to(model.dtype), model.final_norm, model.eps).float()  # (N, hidden), as head()
+        return self.code.dynamic_int8_product(normed, self.head_tiles, lm_head.scale, lm_head.row_sums).to(model.dtype)
+
+    def tokens_at(self, tokens, cache, rows, columns, wanted) -> torch.Tensor:
+        """Tokens of several requests in one call (an engine step: decode rows and prompt chunks together): token i
+        is written at cache row rows[i], column columns[i] (its position), and attends to that row's columns up to
+        its own; a prompt chunk is several tokens of one row at consecutive columns. Returns (len(wanted), V) logits
+        of the tokens at those indices (only the tokens a request picks after). The cache's `length` is untouched:
+        each row's length is the caller's (engine.slot_scheduler)."""
+        keys = getattr(cache, "keys", None)
+        if not (isinstance(keys, list) and keys and keys[0].is_contiguous() and not hasattr(cache, "bits")
+                and keys[0].dtype in (torch.float32, torch.bfloat16)):
+            raise ValueError("tokens_at runs on the course's float32 or bfloat16 KVCache, contiguous")
+        with torch.inference_mode():
+            tokens = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)  # (N,)
+            rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+            columns = torch.as_tensor(columns, dtype=torch.long).reshape(-1)
+            if not tokens.numel() == rows.numel() == columns.numel():
+                raise ValueError(f"{tokens.numel()} tokens, {rows.numel()} rows, {columns.numel()} columns: one each")
+            if tokens.numel() == 0 or int(columns.max()) >= self.cos.shape[0] or int(columns.min()) < 0:
+                raise ValueError("at least one token, each column inside the context window")
+            seen = self._seen(keys[0].shape[0], keys[0].shape[2])
+            x = F.embedding(tokens, self.model.embedding).float()  # (N, hidden)
+            out = self.code.step_tokens(x, self.parts, cache.keys, cache.values, [], [],
+                                        self.cos[columns].contiguous(), self.sin[columns].contiguous(), seen,
+                                        rows.contiguous(), columns.contiguous(), self.model.heads, self.model.kv_heads,
+                                        self.model.eps, self.bf16)
+            return self._head(out[torch.as_tensor(wanted, dtype=torch.long)])
+
+    def _seen(self, rows: int, capacity: int) -> torch.Tensor:
+        """Every column visible (a slot's columns are all its own request's): made once per cache shape."""
+        if getattr(self, "_seen_all", None) is None or self._seen_all.shape != (rows, capacity):
+            self._seen_all = torch.ones(rows, capacity, dtype=torch.bool)
+        return self._seen_all

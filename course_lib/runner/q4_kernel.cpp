@@ -609,45 +609,55 @@ static void attend_heads(const float* q, const T* kb, const T* vb, const at::Hal
   }
 }
 
-// attention of every row and key/value head for one layer, after writing this step's keys and values at `column`:
-// qkv (B, (H + 2 KV) D) rotated; K, V (B, KV, capacity, D) float32, bfloat16 or int8, and for an 8-bit cache their
-// scales (B, KV, capacity)
+// attention of every token row and key/value head for one layer, after writing each row's key and value at its
+// cache row `rows[b]` and column `columns[b]` (all rows' first: tokens of one prompt chunk in one cache row then see
+// each other, each reading only the columns up to its own, which is causal attention): qkv (B, (H + 2 KV) D) rotated;
+// K, V (cache rows, KV, capacity, D) float32, bfloat16 or int8, and for an 8-bit cache their scales
 template <typename T>
 static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* vs, const bool* ok, int64_t B,
-                         int64_t heads, int64_t KV, int64_t D, int64_t capacity, int64_t column, float* att) {
-  const int64_t G = heads / KV, width = (heads + 2 * KV) * D, span = column + 1;
+                         int64_t heads, int64_t KV, int64_t D, int64_t capacity, const int64_t* rows,
+                         const int64_t* columns, float* att) {
+  const int64_t G = heads / KV, width = (heads + 2 * KV) * D;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
-  for (int64_t b = 0; b < B; ++b)
+  int64_t widest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    widest = std::max(widest, columns[b] + 1);
     for (int64_t g = 0; g < KV; ++g) {
-      const int64_t cell = (b * KV + g) * capacity + column;
+      const int64_t cell = (rows[b] * KV + g) * capacity + columns[b];
       store_column(K + cell * D, ks ? ks + cell : nullptr, qkv + b * width + (heads + g) * D, D);
       store_column(V + cell * D, vs ? vs + cell : nullptr, qkv + b * width + (heads + KV + g) * D, D);
     }
-  // per row and key/value head, its G query heads together (attend_heads: how the G heads share the head's reads)
+  }
+  // per token row and key/value head, its G query heads together (attend_heads: how the G heads share the head's
+  // reads). Taken head by head (g outer, b inner): a prompt chunk's tokens, consecutive rows of one cache row, then
+  // read the same keys and values one after the other, which stay in the processor's cache between them
   at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(G * span);
-    for (int64_t bg = begin; bg < end; ++bg) {
-      const int64_t b = bg / KV, first = bg * capacity;
-      attend_heads(qkv + b * width + (bg % KV) * G * D, K + first * D, V + first * D, ks ? ks + first : nullptr,
-                   vs ? vs + first : nullptr, ok + b * capacity, span, G, D, scale, w.data(),
-                   att + b * heads * D + (bg % KV) * G * D);
+    std::vector<float> w(G * widest);
+    for (int64_t gb = begin; gb < end; ++gb) {
+      const int64_t b = gb % B, g = gb / B, first = (rows[b] * KV + g) * capacity;
+      attend_heads(qkv + b * width + g * G * D, K + first * D, V + first * D, ks ? ks + first : nullptr,
+                   vs ? vs + first : nullptr, ok + rows[b] * capacity, columns[b] + 1, G, D, scale, w.data(),
+                   att + b * heads * D + g * G * D);
     }
   });
 }
 
 // x (B, hidden) float32 after the embedding; per layer 6 tensors in `parts`: attn_norm, qkv, o, mlp_norm, gate_up,
-// down (the products packed for block_product); keys and values per layer (B, KV, capacity, D): float32 or bfloat16,
-// or int8 with `key_scales` and `value_scales` per layer (B, KV, capacity, 1) float16
-// (engine.long_context.QuantizedKVCache with 8 bits; empty lists otherwise); this step's column is written.
-// cos, sin (B, D); seen (B, capacity) bool: the columns each row may read (only columns up to `column` are read at
-// all). bf16_products: each product's activations rounded to bfloat16 (block_product_bf16, the int4 format) instead
-// of to 8 bits per block (block_product, int4-q8); everything between the products stays float32 either way.
+// down (the products packed for block_product); keys and values per layer (cache rows, KV, capacity, D): float32
+// or bfloat16, or int8 with `key_scales` and `value_scales` per layer (cache rows, KV, capacity, 1) float16
+// (engine.long_context.QuantizedKVCache with 8 bits; empty lists otherwise). Token row b is written at cache row
+// rows[b], column columns[b], and attends to that cache row's columns 0..columns[b] where seen (cache rows,
+// capacity) is true. cos, sin (B, D): each token's rotation. bf16_products: each product's activations rounded to
+// bfloat16 (block_product_bf16, the int4 format) instead of to 8 bits per block (block_product, int4-q8);
+// everything between the products stays float32 either way.
 // Returns the last block's output (B, hidden): the final norm and head run after it.
-torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
-                            std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
-                            std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
-                            torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps,
-                            bool bf16_products) {
+static torch::Tensor layers_at(torch::Tensor x, const std::vector<torch::Tensor>& parts,
+                               const std::vector<torch::Tensor>& keys, const std::vector<torch::Tensor>& values,
+                               const std::vector<torch::Tensor>& key_scales,
+                               const std::vector<torch::Tensor>& value_scales, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const torch::Tensor& seen, const int64_t* rows,
+                               const int64_t* columns, int64_t heads, int64_t kv_heads, double eps,
+                               bool bf16_products) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat && x.is_contiguous(), "x must be (rows, hidden) float32");
   const int64_t L = static_cast<int64_t>(keys.size()), B = x.size(0), hidden = x.size(1);
   TORCH_CHECK(L > 0 && static_cast<int64_t>(parts.size()) == 6 * L && static_cast<int64_t>(values.size()) == L,
@@ -656,11 +666,10 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
   TORCH_CHECK(int8 ? static_cast<int64_t>(key_scales.size()) == L && static_cast<int64_t>(value_scales.size()) == L
                    : value_scales.empty(), "scales for every layer's keys and values (an 8-bit cache) or for none");
   TORCH_CHECK(keys[0].dim() == 4, "keys and values must be (rows, kv heads, capacity, D)");
-  const int64_t KV = kv_heads, D = keys[0].size(3), capacity = keys[0].size(2);
-  TORCH_CHECK(column >= 0 && column < capacity, "the column must lie inside the cache");
+  const int64_t KV = kv_heads, D = keys[0].size(3), capacity = keys[0].size(2), cache_rows = keys[0].size(0);
   TORCH_CHECK(D % 8 == 0 && heads % kv_heads == 0, "the head dimension must be a multiple of 8, the query heads of the key/value heads");
-  TORCH_CHECK(seen.scalar_type() == torch::kBool && seen.is_contiguous() && seen.size(0) == B && seen.size(1) == capacity,
-              "seen must be (rows, capacity) bool");
+  TORCH_CHECK(seen.scalar_type() == torch::kBool && seen.is_contiguous() && seen.size(0) == cache_rows &&
+              seen.size(1) == capacity, "seen must be (cache rows, capacity) bool");
   TORCH_CHECK(cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(0) == B &&
               cos.size(1) == D && sin.sizes() == cos.sizes(), "cos and sin must be (rows, D) float32");
   const auto kind = int8 ? torch::kChar : keys[0].scalar_type();
@@ -668,7 +677,7 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
               "keys and values must be float32, bfloat16 or int8");
   for (int64_t l = 0; l < L; ++l) {
     TORCH_CHECK(keys[l].is_contiguous() && values[l].is_contiguous() && keys[l].scalar_type() == kind &&
-                keys[l].size(0) == B && keys[l].size(1) == KV && keys[l].size(2) == capacity &&
+                keys[l].size(0) == cache_rows && keys[l].size(1) == KV && keys[l].size(2) == capacity &&
                 values[l].scalar_type() == kind && values[l].sizes() == keys[l].sizes() &&
                 parts[6 * l].numel() == hidden && parts[6 * l + 3].numel() == hidden,
                 "keys and values must be (rows, kv heads, capacity, D), contiguous, one dtype (int8 with scales); "
@@ -676,7 +685,8 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
     if (int8)
       TORCH_CHECK(key_scales[l].is_contiguous() && value_scales[l].is_contiguous() &&
                   key_scales[l].scalar_type() == torch::kHalf && value_scales[l].scalar_type() == torch::kHalf &&
-                  key_scales[l].numel() == B * KV * capacity && value_scales[l].numel() == B * KV * capacity,
+                  key_scales[l].numel() == cache_rows * KV * capacity &&
+                  value_scales[l].numel() == cache_rows * KV * capacity,
                   "an 8-bit cache's scales must be (rows, kv heads, capacity, 1) float16, contiguous");
   }
   x = x.clone();
@@ -700,13 +710,14 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
       for (int64_t i = 0; i < heads + KV; ++i) rotate(qs + b * width + i * D, cs + b * D, sn + b * D, D);
     if (int8)
       attend_layer(qs, keys[l].data_ptr<int8_t>(), values[l].data_ptr<int8_t>(), key_scales[l].data_ptr<at::Half>(),
-                   value_scales[l].data_ptr<at::Half>(), seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
+                   value_scales[l].data_ptr<at::Half>(), seen.data_ptr<bool>(), B, heads, KV, D, capacity, rows,
+                   columns, att);
     else if (kind == torch::kBFloat16)
       attend_layer(qs, keys[l].data_ptr<at::BFloat16>(), values[l].data_ptr<at::BFloat16>(), nullptr, nullptr,
-                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
+                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, rows, columns, att);
     else
       attend_layer(qs, keys[l].data_ptr<float>(), values[l].data_ptr<float>(), nullptr, nullptr,
-                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, column, att);
+                   seen.data_ptr<bool>(), B, heads, KV, D, capacity, rows, columns, att);
     auto o = product(attended, p[2]);
     const float* os = o.data_ptr<float>();
     for (int64_t i = 0; i < B * hidden; ++i) xs[i] += os[i];
@@ -728,4 +739,46 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
     for (int64_t i = 0; i < B * hidden; ++i) xs[i] += ds[i];
   }
   return x;
+}
+
+// B rows, one token each, all at one column of a cache of B rows (row b writes cache row b): a batch's decode step
+torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
+                            std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
+                            std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
+                            torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps,
+                            bool bf16_products) {
+  TORCH_CHECK(x.dim() == 2 && !keys.empty() && keys[0].dim() == 4 && keys[0].size(0) == x.size(0),
+              "x must be (rows, hidden) and keys (rows, kv heads, capacity, D): one token per cache row");
+  TORCH_CHECK(column >= 0 && column < keys[0].size(2), "the column must lie inside the cache");
+  std::vector<int64_t> rows(x.size(0)), columns(x.size(0), column);
+  for (int64_t b = 0; b < x.size(0); ++b) rows[b] = b;
+  return layers_at(x, parts, keys, values, key_scales, value_scales, cos, sin, seen, rows.data(), columns.data(),
+                   heads, kv_heads, eps, bf16_products);
+}
+
+// Tokens of several requests at once (one engine step): token b at cache row rows[b], column columns[b] (int64,
+// (B,) each). Decode rows are one token of a cache row; a prompt chunk is several tokens of one cache row at
+// consecutive columns. No (row, column) may come twice.
+torch::Tensor step_tokens(torch::Tensor x, std::vector<torch::Tensor> parts, std::vector<torch::Tensor> keys,
+                          std::vector<torch::Tensor> values, std::vector<torch::Tensor> key_scales,
+                          std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
+                          torch::Tensor seen, torch::Tensor rows, torch::Tensor columns, int64_t heads,
+                          int64_t kv_heads, double eps, bool bf16_products) {
+  TORCH_CHECK(x.dim() == 2 && !keys.empty() && keys[0].dim() == 4, "x must be (tokens, hidden), keys 4-dimensional");
+  const int64_t B = x.size(0);
+  TORCH_CHECK(rows.scalar_type() == torch::kLong && columns.scalar_type() == torch::kLong && rows.is_contiguous() &&
+              columns.is_contiguous() && rows.numel() == B && columns.numel() == B,
+              "rows and columns must be (tokens,) int64, one each per token");
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t* c = columns.data_ptr<int64_t>();
+  std::vector<std::pair<int64_t, int64_t>> cells(B);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(r[b] >= 0 && r[b] < keys[0].size(0) && c[b] >= 0 && c[b] < keys[0].size(2),
+                "token ", b, " at row ", r[b], ", column ", c[b], ": outside the cache");
+    cells[b] = {r[b], c[b]};
+  }
+  std::sort(cells.begin(), cells.end());
+  TORCH_CHECK(std::adjacent_find(cells.begin(), cells.end()) == cells.end(), "two tokens at one row and column");
+  return layers_at(x, parts, keys, values, key_scales, value_scales, cos, sin, seen, r, c, heads, kv_heads, eps,
+                   bf16_products);
 }

@@ -35,7 +35,8 @@ import torch
 SOURCE = Path(__file__).with_name("q4_kernel.cpp")  # the C++, beside this file
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 VNNI_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-DCOURSE_VNNI"]
-FUNCTIONS = ["block_product", "block_product_bf16", "dynamic_int8_product", "decode_layers"]  # what the C++ exports
+FUNCTIONS = ["block_product", "block_product_bf16", "dynamic_int8_product", "decode_layers",
+             "step_tokens"]  # what the C++ exports
 
 
 def cpu_flags() -> set[str]:

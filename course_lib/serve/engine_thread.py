@@ -58,13 +58,16 @@ class EngineThread:
 
     def health(self) -> dict:
         """What the server's GET /health reports: requests running and served; the paged pool, answers that shared
-        a prompt read and the compiled runner's steps where there are."""
+        a prompt read, the slots and the compiled runner's steps where there are."""
         body = {"status": "ok", "active": self.active(), "served": self.served}
         pool = getattr(self.batch, "pool", None)
         if pool is not None:  # the paged cache: how full the pool is
             body["kv_blocks"] = {"used": pool.manager.num_used, "total": pool.manager.num_blocks,
                                  "prefix_hit_rate": round(pool.hit_rate, 4), "prefix_hit_tokens": pool.hits,
                                  "prefix_lookup_tokens": pool.lookups}
+        if hasattr(self.batch, "reused_tokens"):  # slots: rows busy, prompt tokens a row's last request had written
+            body["slots"] = {"busy": sum(r is not None for r in self.batch.rows), "total": len(self.batch.rows),
+                             "reused_tokens": self.batch.reused_tokens, "steps": self.batch.steps}
         if hasattr(self.model, "static_calls"):  # the compiled runner: steps that ran compiled, and the rest
             body["compiled"] = {"static_steps": self.model.static_calls, "eager_calls": self.model.eager_calls,
                                 "why_eager": self.model.why_eager}
@@ -114,7 +117,7 @@ class EngineThread:
             self.thread.join(timeout=10)
 
 
-KV_CACHES = ("contiguous", "paged")
+KV_CACHES = ("contiguous", "paged", "slots")
 
 
 def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budget: int | None = None,
@@ -130,6 +133,17 @@ def paged_engine(model, max_batch: int, kv_blocks: int | None = None, token_budg
                                     "preempt", max_batch, token_budget=token_budget)
 
 
+def slot_engine(model, max_batch: int, token_budget: int | None = None, capacity: int = 2048):
+    """(the course's model, a factory of SlotScheduler schedulers) for EngineThread: max_batch rows of `capacity`
+    columns, each step one fused call over the decode tokens and prompt chunks within token_budget (None: each
+    prompt whole). `model` is what fast_model(..., kv_cache="slots") returned."""
+    from ..engine.slot_scheduler import SlotScheduler
+    from ..runner.compiled import CompiledRunner
+    ours = model.model if isinstance(model, CompiledRunner) else model
+    SlotScheduler(ours, max_batch, capacity, token_budget)  # note: now, so a bad option fails here, not in the thread
+    return ours, lambda: SlotScheduler(ours, max_batch, capacity, token_budget)
+
+
 def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: str = "contiguous",
                rows_int8: int | None = None):
     """The model a server runs when asked for a weight format and the compiled step (issue: the fast path is the
@@ -137,13 +151,17 @@ def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: 
     runner.formats.FORMATS, from float32), then wrapped in runner.compiled's CompiledRunner when compiled=True and
     compiled before it serves (CompiledRunner.warm: no request waits for the compiler).
     The compiled step runs on the contiguous cache only: the paged cache's decode reads its block tables eagerly
-    (lesson 16), so compiled=True with kv_cache="paged" is refused with that reason, not ignored.
+    (lesson 16), so compiled=True with kv_cache="paged" is refused with that reason, not ignored. kv_cache="slots"
+    runs the fused step only (engine.slot_scheduler): it needs compiled=True and a format the fused step takes.
     rows_int8: with fmt="int4", calls of that many rows or more (prefill, big batches) use the 4-bit layers' int8
     copy (runner.formats.Int4Linear)."""
     if rows_int8 is not None and fmt is None:
         raise ValueError("rows_int8 is an option of the 4-bit format: pass fmt='int4' with it")
     if fmt is None and not compiled:
         return model
+    if kv_cache == "slots" and not compiled:
+        raise ValueError("kv_cache='slots' runs every step as one fused C++ call: pass compiled=True (and fmt='int4-q8', "
+                         "or 'int4' on a CPU with AVX-512 BF16)")
     if compiled and kv_cache == "paged":
         raise ValueError("compiled=True runs the static decode step on the contiguous cache; the paged cache's "
                          "decode reads its block tables eagerly: pass kv_cache='contiguous' (or compiled=False)")
@@ -154,6 +172,10 @@ def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: 
     if compiled:
         from ..runner.compiled import compiled_runner
         runner = compiled_runner(ours)
+        if kv_cache == "slots" and runner.step_kind != "fused":
+            from ..runner.fused_step import why_not_fused
+            raise ValueError(f"kv_cache='slots' runs the fused step, which this model cannot: "
+                             f"{why_not_fused(ours) or runner.why_eager}")
         if runner.step_kind == "compiled" and not runner.compiled_code:  # the fused step has nothing to compile
             print("compiling the decode step before serving (a single row, then a batch; up to a few minutes the "
                   "first time on a CPU)...", flush=True)

@@ -15,7 +15,8 @@ from the batch at the next step. Loopback only by default; allow_network=True op
 network, with a generated API key and a concurrency cap. fmt="int4", compiled=True: the course's model in that
 format, decode steps compiled. With kv_cache="paged": the course's own model on lesson 13's paged cache (prefix
 caching, preemption instead of failure when the pool is full, chunked prefill within a per-step token budget with
-token_budget=N); /health then reports the pool. A request the engine could not serve
+token_budget=N); /health then reports the pool. With kv_cache="slots" (compiled=True): a row per request and each
+step one fused C++ call over decode tokens and prompt chunks (engine.slot_scheduler). A request the engine could not serve
 (an engine error, or a scheduler's refusal) reaches the client as an error (HTTP 500/503, or an error
 event in a stream), never as finish_reason "stop".
 What it does not do: TLS or user accounts.
@@ -36,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..runtime import free_port  # noqa: F401 - lessons and tests import it from here, beside start_server
 from ..text.context import context_ids
-from .engine_thread import KV_CACHES, EngineThread, fast_model, paged_engine
+from .engine_thread import KV_CACHES, EngineThread, fast_model, paged_engine, slot_engine
 from .openai_api import (ApiError, ChatRequest, bearer_headers, chunk_events, error_body, failure_response,
                          logprobs_body, parse_chat_request, usage)
 from ..engine.request import FAILURES, FINISH_REASON, Job, Stopper, end_of_turn_ids
@@ -55,13 +56,16 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
                max_body_bytes: int = 65_536, max_batch: int = 8, api_key: str | None = None,
                max_concurrent: int | None = None, kv_cache: str = "contiguous", kv_blocks: int | None = None,
                token_budget: int | None = None, prefix_caching: bool = True, fmt: str | None = None,
-               compiled: bool = False, rows_int8: int | None = None) -> FastAPI:
+               compiled: bool = False, rows_int8: int | None = None, slot_capacity: int = 2048) -> FastAPI:
     """The FastAPI app; app.state.engine is its EngineThread, started and stopped with the app (its lifespan).
     api_key: if given, every /v1 request needs "Authorization: Bearer <api_key>" (401 otherwise).
     max_concurrent: requests in flight at once; more get 429 (None: no cap).
     kv_cache: "contiguous" (continuous batching on the model as given) or "paged" (lesson 13: the course's
     own model on a paged pool of kv_blocks blocks, with prefix caching and preemption; token_budget=N reads
     prompts in chunks so that at most N tokens run per step, and prefix_caching=False turns prefix reuse off).
+    "slots" (with compiled=True on a format the fused step takes): max_batch rows of slot_capacity columns, each
+    step one fused call over the running requests' tokens and prompt chunks within token_budget (engine.slot_scheduler;
+    no prefix caching).
     fmt, compiled: the course's own model in that weight format, decode steps compiled (engine_thread.fast_model);
     rows_int8: with fmt="int4", the int8 copy for calls of that many rows or more (runner.formats.Int4Linear)."""
     if kv_cache not in KV_CACHES:
@@ -70,6 +74,10 @@ def create_app(model, tokenizer, *, model_name: str = "smollm2-135m-instruct", m
     make_batch = None
     if kv_cache == "paged":
         model, make_batch = paged_engine(model, max_batch, kv_blocks, token_budget, prefix_caching)
+    elif kv_cache == "slots":
+        if not prefix_caching or kv_blocks is not None:
+            raise ValueError("kv_blocks and prefix_caching are options of the paged cache; slots have slot_capacity")
+        model, make_batch = slot_engine(model, max_batch, token_budget, slot_capacity)
     elif token_budget is not None or not prefix_caching:
         raise ValueError("token_budget and prefix_caching are options of the paged cache: pass kv_cache='paged'")
     engine = EngineThread(model, max_batch=max_batch, make_batch=make_batch)

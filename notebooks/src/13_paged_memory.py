@@ -469,15 +469,22 @@ else:
 # How does this server compare with a production one on the same laptop? The course committed
 # sittings against llama.cpp's server (`llama-server`, built from the source that ships inside
 # llama-cpp-python, on the course's own GGUF file, with continuous batching and a choice of slots),
-# both driven by the bench's trace over loopback with the same latency targets. The course ran twice.
-# First `compiled=True` on the int4 format with a contiguous cache: the record's decode-steps line
-# says what that step was (lesson 12's fused C++ step where the CPU has bfloat16 pair products,
-# torch.compile's elsewhere). Then the paged cache of this lesson with chunked prefill and prefix
-# caching; its decode runs eagerly, so it takes the 4-bit format whose eager products are fastest here
-# (int4-q8, the course's own kernel; the older records ran int4, and each record lists the options
-# every configuration ran with). `scripts/serving_peers_cpu.py` remakes a sitting; the next cell
-# prints the newest in full, the earlier ones a line per rate, and last the newest sitting on another
-# file (both servers on it): Q4_0, the layout llama.cpp repacks for its fast kernels.
+# both driven by the bench's trace over loopback with the same latency targets. The newer sittings
+# run the course three ways. First `compiled=True` on the int4 format with a contiguous cache: the
+# record's decode-steps line says what that step was (lesson 12's fused C++ step where the CPU has
+# bfloat16 pair products, torch.compile's elsewhere). Then the paged cache of this lesson with
+# chunked prefill and prefix caching; its decode runs eagerly, so it takes the 4-bit format whose eager
+# products are fastest here (int4-q8, the course's own kernel; the older records ran int4). Last
+# `kv_cache="slots"`: llama-server's own design, written with the course's fused step. Each request
+# owns one row of a contiguous cache from arrival to end, and every step is one C++ call over all the
+# tokens it holds: the running requests' next tokens and a chunk of a prompt being read, within a
+# token budget (a chunk's tokens go to consecutive columns of their row, each attending to the columns
+# up to its own: causal attention, done by where the tokens are written). A newcomer takes the free
+# row whose last request began with the same tokens, and those columns are not read again.
+# Each record lists the options every configuration ran with. `scripts/serving_peers_cpu.py` remakes
+# a sitting; the next cell prints the newest in full, the earlier ones a line per rate, and last the
+# newest sitting on another file (both servers on it): Q4_0, the layout llama.cpp repacks for its fast
+# kernels.
 
 # %%
 sittings = serving_peers.serving_records(Path("../data/benchmarks"))  # the course's own file, oldest first
@@ -515,19 +522,18 @@ else:
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
-# Read the two course lines against section 6. Where the record says the compiled configuration ran
-# the fused step, compare its median gap between tokens with llama-server's. But the contiguous cache
-# reads every prompt whole, through the int4 format's prefill (torch's 4-bit kernel, many rows at
-# once), and each handbook-sized prompt stalls every running request for as long as that takes: that,
-# not the step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up
-# and time to first token runs past its target. The paged configuration reads prompts in chunks and
-# finds the shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while
-# its median gap is an eager step's. The course has not joined the two yet: the fused step reads a
-# contiguous cache, the chunks and the shared prefix live in the paged one (lesson 16's attention
-# reads block tables; the fused step does not). llama-server ran with its default settings: a long
-# prompt goes in micro-batches of several hundred tokens, and each slot keeps its own last prompt for
-# reuse (a new request goes to the slot whose last prompt it most resembles), rather than one block
-# pool shared by every request.
+# Read the course lines against section 6. Where the record says the compiled configuration ran the
+# fused step, compare its median gap between tokens with llama-server's. But its contiguous cache reads
+# every prompt whole, through the int4 format's prefill (torch's 4-bit kernel, many rows at once), and
+# each handbook-sized prompt stalls every running request for as long as that takes: that, not the
+# step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up and time
+# to first token runs past its target. The paged configuration reads prompts in chunks and finds the
+# shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while its median
+# gap is an eager step's, several times the fused one's. The slots configuration joins the two: the
+# fused step's speed, and chunks small enough that a step holding one costs little more than a decode
+# step. Compare its p99 gap with llama-server's, then its longest gap with llama-server's longest.
+# llama-server ran with its default settings: a long prompt goes in micro-batches of several hundred
+# tokens, and each slot keeps its own last prompt for reuse, as the course's slots now do.
 #
 # Then read the last lines, on Q4_0, before you conclude anything about llama.cpp: the sittings above
 # ran the course's Q4_1 file, which is not llama.cpp's fastest 4-bit layout (lesson 12, section 7).
@@ -536,7 +542,9 @@ else:
 # per chunk. When long prompts are rare, the whole read's single freeze is a handful of gaps, below
 # the p99 line, while the chunks' many medium gaps can fill the slowest percent: the p99 favours
 # the freeze, and the goodput target (no gap over a second) favours the chunks. Which to prefer
-# depends on what your users notice; a fair comparison reports both, as these lines do.
+# depends on what your users notice; a fair comparison reports both, as these lines do. Chunks small
+# enough to cost little more than a decode step keep both low, if the step is fast: the slots lines
+# show how close that came to llama-server's p99, and what it cost in time to first token.
 
 # %% [markdown]
 # ## 7. Several answers to one prompt: fork the blocks, copy on write
@@ -663,6 +671,9 @@ plt.show()
 #   tokens it gets alone; one pays in waiting, the other in recomputed work (section 4 timed both).
 # - A token budget per step reads long prompts in chunks: the running requests keep getting tokens while
 #   a long prompt arrives (section 6 measured the longest wait against the budget, and what it costs).
+# - Slots (a row of one cache per request, each step one fused C++ call over the decode tokens and a
+#   prompt chunk) put the fast step and short chunks together; the committed sittings against
+#   llama-server say, per rate, where that met the target and by how much it missed.
 # - n answers to one prompt share its full blocks by reference count and copy only the partial last block
 #   when they first write into it: one prompt read, one prompt held (section 7 counted the blocks). A vote
 #   over sampled answers helps only where the right answer is the model's most common one.
