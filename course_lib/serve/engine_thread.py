@@ -160,8 +160,8 @@ def fast_model(model, fmt: str | None = None, compiled: bool = False, kv_cache: 
     if fmt is None and not compiled:
         return model
     if kv_cache == "slots" and not compiled:
-        raise ValueError("kv_cache='slots' runs every step as one fused C++ call: pass compiled=True (and fmt='int4-q8', "
-                         "or 'int4' on a CPU with AVX-512 BF16)")
+        raise ValueError("kv_cache='slots' runs every step as one fused C++ call: pass compiled=True (and "
+                         "fmt='int4-q8', or 'int4' on a CPU with AVX-512 BF16)")
     if compiled and kv_cache == "paged":
         raise ValueError("compiled=True runs the static decode step on the contiguous cache; the paged cache's "
                          "decode reads its block tables eagerly: pass kv_cache='contiguous' (or compiled=False)")

@@ -16,8 +16,8 @@ network, with a generated API key and a concurrency cap. fmt="int4", compiled=Tr
 format, decode steps compiled. With kv_cache="paged": the course's own model on lesson 13's paged cache (prefix
 caching, preemption instead of failure when the pool is full, chunked prefill within a per-step token budget with
 token_budget=N); /health then reports the pool. With kv_cache="slots" (compiled=True): a row per request and each
-step one fused C++ call over decode tokens and prompt chunks (engine.slot_scheduler). A request the engine could not serve
-(an engine error, or a scheduler's refusal) reaches the client as an error (HTTP 500/503, or an error
+step one fused C++ call over decode tokens and prompt chunks (engine.slot_scheduler). A request the engine could
+not serve (an engine error, or a scheduler's refusal) reaches the client as an error (HTTP 500/503, or an error
 event in a stream), never as finish_reason "stop".
 What it does not do: TLS or user accounts.
 """
