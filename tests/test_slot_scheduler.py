@@ -96,6 +96,21 @@ def test_each_requests_tokens_do_not_depend_on_what_shares_its_steps(small_q8, t
 
 
 @needs_kernel
+def test_with_nobody_decoding_a_long_prompt_goes_in_idle_chunks_that_pick_nothing(small_q8, tokenizer, monkeypatch):
+    import course_lib.engine.slot_scheduler as slots
+    job, alone = _jobs(tokenizer)[1], _jobs(tokenizer)[1]
+    _serve(SlotScheduler(small_q8, slots=1, capacity=64, token_budget=None), [alone])
+    monkeypatch.setattr(slots, "IDLE_CHUNK", 4)
+    scheduler = SlotScheduler(small_q8, slots=1, capacity=64, token_budget=2)
+    scheduler.add([job])
+    assert step(scheduler) == [] and scheduler.read[job.name] == 4  # 4 tokens read, nothing to pick yet
+    while scheduler.jobs:
+        step(scheduler)
+    assert job.tokens == alone.tokens
+    assert max(total for decoding, total in scheduler.step_sizes if not decoding) == 4
+
+
+@needs_kernel
 def test_a_waiting_request_takes_a_freed_row_and_a_cancelled_one_frees_its_own(small_q8, tokenizer):
     jobs = _jobs(tokenizer, new_tokens=4)
     scheduler = SlotScheduler(small_q8, slots=1, capacity=64, token_budget=None)

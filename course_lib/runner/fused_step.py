@@ -163,7 +163,10 @@ class FusedDecode:
                                         self.cos[columns].contiguous(), self.sin[columns].contiguous(), seen,
                                         rows.contiguous(), columns.contiguous(), self.model.heads, self.model.kv_heads,
                                         self.model.eps, self.bf16)
-            return self._head(out[torch.as_tensor(wanted, dtype=torch.long)])
+            wanted = torch.as_tensor(wanted, dtype=torch.long).reshape(-1)
+            if wanted.numel() == 0:  # a step that only read part of a prompt: no token to pick after
+                return torch.empty(0, self.model.config.vocab_size, dtype=self.model.dtype)
+            return self._head(out[wanted])
 
     def _seen(self, rows: int, capacity: int) -> torch.Tensor:
         """Every column visible (a slot's columns are all its own request's): made once per cache shape."""
