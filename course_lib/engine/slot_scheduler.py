@@ -40,7 +40,8 @@ IDLE_CHUNK = 256  # prompt tokens a step reads when no request is decoding (none
 class SlotScheduler(Clock):
     """`slots` requests at once, each in its own row of a `capacity`-column cache; every step one fused call over
     their decode tokens and at most `token_budget` tokens in all (None: each prompt read whole in the step that
-    admits it). Example: run_schedule-style driving through generation.step, or start_server(..., kv_cache="slots")."""
+    admits it). Example: s = SlotScheduler(convert(ours, "int4-q8")); s.add(jobs); then generation.step(s) while
+    s.jobs (the server's engine thread does this with start_server(..., kv_cache="slots"))."""
 
     def __init__(self, model, slots: int = 8, capacity: int = 2048, token_budget: int | None = 32,
                  clock: float | None = None):
