@@ -529,9 +529,9 @@ else:
 # step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up and time
 # to first token runs past its target. The paged configuration reads prompts in chunks and finds the
 # shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while its median
-# gap is an eager step's, several times the fused one's. The slots configuration joins the two: the
-# fused step's speed, and chunks small enough that a step holding one costs little more than a decode
-# step. Compare its p99 gap with llama-server's, then its longest gap with llama-server's longest.
+# gap is an eager step's, near three times the fused one's. The slots configuration joins the two: the
+# fused step's speed, and chunks small enough that a step holding one costs a few decode steps, not a
+# whole prompt's read. Compare its p99 gap with llama-server's, then its longest gap with llama-server's longest.
 # llama-server ran with its default settings: a long prompt goes in micro-batches of several hundred
 # tokens, and each slot keeps its own last prompt for reuse, as the course's slots now do.
 #
