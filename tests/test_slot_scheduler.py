@@ -11,6 +11,7 @@ from course_lib.engine.request import Job
 from course_lib.engine.slot_scheduler import SlotScheduler
 from course_lib.runner import formats, q4_kernel
 from course_lib.runner.fused_step import FusedDecode
+from course_lib.runner.kv_cache import KVCache
 from course_lib.runner.model import Model
 
 AVAILABLE, WHY = q4_kernel.available()
@@ -40,6 +41,39 @@ def test_a_chunk_equals_its_tokens_one_at_a_time_and_reads_no_later_column(small
     assert float((got - eager).abs().max()) <= 0.05 * float(eager.abs().max())
     assert torch.equal(got.argmax(-1), eager.argmax(-1))
     assert torch.isnan(whole.keys[0][[0, 1]]).all()  # the other rows untouched
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunks_across_column_tiles_and_beside_decode_tokens_equal_one_at_a_time(small_q8, tokenizer, dtype):
+    # the kernel reads columns 64 at a time and a chunk's tokens 4 at a time: chunks of 37 and 30 tokens cross tiles
+    # and runs, beside a decode token of another row, on a float cache (one head at a time) and a bfloat16 one
+    prompt = tokenizer.encode("Every token of a long prompt sees the ones before it and none after. " * 8)[:100]
+    other = tokenizer.encode("Another request decodes beside it.")
+    n, fused = len(prompt), FusedDecode(small_q8)
+    caches = [KVCache(len(small_q8.layers), 2, small_q8.kv_heads, small_q8.head_dim, 128, dtype, "cpu")
+              for _ in range(2)]
+    for cache in caches:
+        for layer in range(len(cache.keys)):
+            cache.keys[layer].fill_(float("nan"))
+            cache.values[layer].fill_(float("nan"))
+    chunked, single = caches
+    for cache in caches:
+        fused.tokens_at(other, cache, [1] * len(other), list(range(len(other))), [])
+    got, start = [], 0
+    for size in (37, 30, n - 67):
+        ids = [other[0]] + prompt[start:start + size]  # the other row's next token first, then the chunk
+        rows, columns = [1] + [0] * size, [len(other) + len(got)] + list(range(start, start + size))
+        got.append(fused.tokens_at(ids, chunked, rows, columns, list(range(size + 1))))
+        start += size
+    got = torch.cat(got)
+    alone = []
+    for step, size in enumerate((37, 30, n - 67)):
+        alone.append(fused.tokens_at([other[0]], single, [1], [len(other) + step], [0]))
+        first = sum((37, 30, n - 67)[:step])
+        alone += [fused.tokens_at([t], single, [0], [first + i], [0]) for i, t in enumerate(prompt[first:first + size])]
+    assert n == 100 and torch.isfinite(got).all()
+    assert torch.equal(got, torch.cat(alone))
 
 
 @needs_kernel

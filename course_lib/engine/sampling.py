@@ -72,9 +72,10 @@ def check_penalty(x) -> float:
 
 def greedy(logits: torch.Tensor) -> tuple[int, float]:
     """The most probable token and its probability. Example: greedy(tensor([0., 2., 0.])) -> (1, 0.787...)"""
-    row = _check_logits(logits).reshape(-1)
-    token = int(torch.argmax(row))
-    return token, float(torch.exp(row[token] - torch.logsumexp(row, dim=-1)))
+    row = (logits if torch.is_tensor(logits) and logits.dim() in (1, 2) else _check_logits(logits)).reshape(-1).float()
+    total = float(torch.logsumexp(row, dim=-1))  # note: finite unless a NaN, +inf, all -inf or nothing: checked then
+    token = int(torch.argmax(row)) if math.isfinite(total) else _check_logits(logits)
+    return token, math.exp(float(row[token]) - total)
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:

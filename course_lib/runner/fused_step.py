@@ -35,8 +35,9 @@ alone 0.7 ms against 2.0-2.6; generate(..., compiled=True) 2.32-2.41x the eager 
 `tokens_at` runs the same C++ over tokens of several requests at once (q4_kernel.cpp's step_tokens: each token at
 its own cache row and column): decode tokens and prompt chunks in one call, the engine step of slots
 (engine.slot_scheduler). A chunk's tokens are written first and each attends to its row's columns up to its own, so
-a chunk gives, bit for bit, what its tokens give one at a time; the attention takes the tokens head by head, so a
-chunk's tokens read their row's keys one after the other while they are still in the processor's cache.
+a chunk gives, bit for bit, what its tokens give one at a time. The attention takes a chunk's tokens in runs of up to
+4, 64 columns at a time: a tile of keys and values is read from memory once for the run (a 16-token chunk at 1,000
+columns, one thread: 39-40 ms a step against 44-45 token after token; a 128-token chunk 272-285 against 323-330).
 What it does not do: run the float formats, the int4 format with an int8 copy for several rows (torch's path), a 4-bit
 cache, a paged cache or a GPU; `tokens_at` takes no 8-bit cache. Its numbers equal the eager step's
 up to float rounding, and a rounding difference can move one activation across an 8-bit step: the logits then differ

@@ -437,27 +437,62 @@ static inline void store_column(int8_t* column, at::Half* scale, const float* x,
 }
 
 // each of the G rows of scores w (span each) -> attention weights: an 8-bit key's scale multiplies its score and a
-// value's scale its weight (as the static step's _Int8Columns); a hidden column (ok false) weighs exactly 0
+// value's scale its weight (as the static step's _Int8Columns); a hidden column (ok false) weighs exactly 0. Eight
+// columns at a time: the largest score, the exponentials and their sum in 8 lanes (the lanes added in a fixed order
+// at the end), the last span % 8 columns one by one.
+static inline __m256 visible8(const bool* ok) {  // all ones in the lanes whose column is visible
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(ok));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_setzero_si256()));
+}
+
+static inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
 static void softmax_rows(float* w, const at::Half* ks, const at::Half* vs, const bool* ok, int64_t span, int64_t G,
                          float scale) {
+  const int64_t whole = span - span % 8;
+  const __m256 hidden = _mm256_set1_ps(-INFINITY);
   for (int64_t j = 0; j < G; ++j) {
     float* wj = w + j * span;
-    float top = -INFINITY;
-    int64_t s = 0;
-    for (; s < span; ++s) {  // an 8-bit key's scale multiplies its score, as the static step's _Int8Columns
+    __m256 top8 = hidden;
+    for (int64_t s = 0; s < whole; s += 8) {
+      __m256 x = _mm256_mul_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(scale));
+      if (ks) x = _mm256_mul_ps(x, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ks + s))));
+      x = _mm256_blendv_ps(hidden, x, visible8(ok + s));
+      _mm256_storeu_ps(wj + s, x);
+      top8 = _mm256_max_ps(top8, x);
+    }
+    float top = hmax(top8);
+    for (int64_t s = whole; s < span; ++s) {
       wj[s] = ok[s] ? wj[s] * scale * (ks ? static_cast<float>(ks[s]) : 1.f) : -INFINITY;
       top = std::max(top, wj[s]);
     }
-    for (s = 0; s + 8 <= span; s += 8)
-      _mm256_storeu_ps(wj + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(top))));
-    for (; s < span; ++s) wj[s] = std::exp(wj[s] - top);
-    float total = 0.f;
-    for (s = 0; s < span; ++s) {
-      wj[s] = ok[s] ? wj[s] : 0.f;  // a hidden column weighs nothing, exactly
+    __m256 sum8 = _mm256_setzero_ps();
+    for (int64_t s = 0; s < whole; s += 8) {
+      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(top))),
+                                     visible8(ok + s));  // a hidden column weighs nothing, exactly
+      _mm256_storeu_ps(wj + s, e);
+      sum8 = _mm256_add_ps(sum8, e);
+    }
+    float total = hsum(sum8);
+    for (int64_t s = whole; s < span; ++s) {
+      wj[s] = ok[s] ? std::exp(wj[s] - top) : 0.f;
       total += wj[s];
     }
     const float inv = 1.f / total;  // total > 0: a row sees at least one column (its own, written this step)
-    for (s = 0; s < span; ++s) wj[s] *= inv * (vs ? static_cast<float>(vs[s]) : 1.f);  // a value's scale: its weight
+    int64_t s = 0;
+    if (vs) {  // a value's scale: its weight
+      for (; s < whole; s += 8)
+        _mm256_storeu_ps(wj + s, _mm256_mul_ps(_mm256_loadu_ps(wj + s), _mm256_mul_ps(_mm256_set1_ps(inv),
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vs + s))))));
+      for (; s < span; ++s) wj[s] *= inv * static_cast<float>(vs[s]);
+    } else {
+      for (; s < whole; s += 8) _mm256_storeu_ps(wj + s, _mm256_mul_ps(_mm256_loadu_ps(wj + s), _mm256_set1_ps(inv)));
+      for (; s < span; ++s) wj[s] *= inv;
+    }
   }
 }
 
@@ -475,36 +510,73 @@ static inline void eight_dots(const float* q, const float* k, int64_t n, float* 
   _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31)));
 }
 
-// A float cache: one query head at a time over the whole span (8 columns' sums at once, then 64 numbers of the
-// head in 8 registers). Measured on the course's machine faster than the tiles below for float keys up to 1,024
-// tokens and 8 rows (a head's keys and values stay in the processor's cache between its query heads there);
-// at 4,096 tokens, one row, the tiles were a few percent faster.
-static void attend_per_head(const float* q, const float* kb, const float* vb, const bool* ok, int64_t span, int64_t G,
-                            int64_t D, float scale, float* w, float* out) {
-  for (int64_t j = 0; j < G; ++j) {
-    int64_t s = 0;
-    for (; s + 8 <= span; s += 8) eight_dots(q + j * D, kb + s * D, D, w + j * span + s);
-    for (; s < span; ++s) w[j * span + s] = dot(q + j * D, kb + s * D, D);
-  }
-  softmax_rows(w, nullptr, nullptr, ok, span, G, scale);
-  for (int64_t j = 0; j < G; ++j) {
-    const float* wj = w + j * span;
-    int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) {
-      __m256 acc[8];
-      for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
-      for (int64_t s = 0; s < span; ++s) {
-        if (!ok[s]) continue;  // never read: its weight is 0, and 0 times an unwritten number may not be
-        const __m256 ws = _mm256_set1_ps(wj[s]);
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vb + s * D + d0 + 8 * c), acc[c]);
+// A run of n tokens of one cache row at consecutive columns (a prompt chunk; a decode token is a run of one), one
+// key/value head: token t's G query heads at q + t * q_step (G * D floats), its span columns[t] + 1, its scores at
+// w + t * w_step (G rows of its span), its result (G, D) at out + t * out_step. The columns are taken a tile at a
+// time and, inside a tile, the tokens one after the other: the tile's keys and values are read from memory once for
+// the run, then from the processor's nearest cache. A token's arithmetic does not depend on the run: the tiles start
+// at column 0 for every token and end at its own span, each score and weighted sum is added in the same order, so a
+// chunk gives, bit for bit, what its tokens give one at a time.
+constexpr int64_t COLUMN_TILE = 64;  // columns a tile (64 float keys of 64 numbers: 16 KiB)
+
+struct Run {
+  const float* q; int64_t q_step;
+  const int64_t* columns; int64_t n;
+  float* w; int64_t w_step;
+  float* out; int64_t out_step;
+  int64_t widest() const { return columns[n - 1] + 1; }  // columns rise along a run
+};
+
+// A float cache: one query head at a time (8 columns' sums at once, then 64 numbers of the head in 8 registers).
+// Measured on the course's machine faster than the tiles below for float keys up to 1,024 tokens and 8 rows (a
+// head's keys and values stay in the processor's cache between its query heads there); at 4,096 tokens, one row,
+// the tiles were a few percent faster. A lone token (a decode row) takes its whole span as one tile: 64-column tiles
+// cost it more (8 rows at 600 columns, one thread: 31-32 ms against 29-31), and a tile's bounds, multiples of 8,
+// change none of its sums. A run of a chunk's tokens takes 64 columns at a time (16 tokens at 1,000 columns, one
+// thread: 39-40 ms against 44-45 one token after another, 2026-12-07).
+static void attend_per_head(const Run& r, const float* kb, const float* vb, const bool* ok, int64_t G, int64_t D,
+                            float scale) {
+  const int64_t widest = r.widest(), tile = r.n == 1 ? widest : COLUMN_TILE;  // one token: its whole span
+  for (int64_t a = 0; a < widest; a += tile) {
+    for (int64_t t = 0; t < r.n; ++t) {
+      const int64_t span = r.columns[t] + 1, z = std::min(span, a + tile);
+      const float* q = r.q + t * r.q_step;
+      float* w = r.w + t * r.w_step;
+      for (int64_t j = 0; j < G; ++j) {  // a tile's start is a multiple of 8: its 8-column sums as the whole span's
+        int64_t s = a;
+        for (; s + 8 <= z; s += 8) eight_dots(q + j * D, kb + s * D, D, w + j * span + s);
+        for (; s < z; ++s) w[j * span + s] = dot(q + j * D, kb + s * D, D);
       }
-      for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + j * D + d0 + 8 * c, acc[c]);
     }
-    for (; d0 < D; d0 += 8) {  // the last 8..56 numbers of a head whose size is not a multiple of 64
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t s = 0; s < span; ++s)
-        if (ok[s]) acc = _mm256_fmadd_ps(_mm256_set1_ps(wj[s]), _mm256_loadu_ps(vb + s * D + d0), acc);
-      _mm256_storeu_ps(out + j * D + d0, acc);
+  }
+  for (int64_t t = 0; t < r.n; ++t) {
+    softmax_rows(r.w + t * r.w_step, nullptr, nullptr, ok, r.columns[t] + 1, G, scale);
+    std::fill(r.out + t * r.out_step, r.out + t * r.out_step + G * D, 0.f);
+  }
+  for (int64_t a = 0; a < widest; a += tile) {
+    for (int64_t t = 0; t < r.n; ++t) {
+      const int64_t span = r.columns[t] + 1, z = std::min(span, a + tile);
+      for (int64_t j = 0; j < G; ++j) {
+        const float* wj = r.w + t * r.w_step + j * span;
+        float* o = r.out + t * r.out_step + j * D;
+        int64_t d0 = 0;
+        for (; d0 + 64 <= D; d0 += 64) {  // the sums go on from the last tile's (stored, loaded: the same numbers)
+          __m256 acc[8];
+          for (int c = 0; c < 8; ++c) acc[c] = _mm256_loadu_ps(o + d0 + 8 * c);
+          for (int64_t s = a; s < z; ++s) {
+            if (!ok[s]) continue;  // never read: its weight is 0, and 0 times an unwritten number may not be
+            const __m256 ws = _mm256_set1_ps(wj[s]);
+            for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(ws, _mm256_loadu_ps(vb + s * D + d0 + 8 * c), acc[c]);
+          }
+          for (int c = 0; c < 8; ++c) _mm256_storeu_ps(o + d0 + 8 * c, acc[c]);
+        }
+        for (; d0 < D; d0 += 8) {  // the last 8..56 numbers of a head whose size is not a multiple of 64
+          __m256 acc = _mm256_loadu_ps(o + d0);
+          for (int64_t s = a; s < z; ++s)
+            if (ok[s]) acc = _mm256_fmadd_ps(_mm256_set1_ps(wj[s]), _mm256_loadu_ps(vb + s * D + d0), acc);
+          _mm256_storeu_ps(o + d0, acc);
+        }
+      }
     }
   }
 }
@@ -571,48 +643,65 @@ static inline void tile_all_values(const float* w, const T* vb, const bool* ok, 
   }
 }
 
-// One row's G query heads (q: (G, D)) against one key/value head's columns 0..span-1 (kb, vb: (capacity, D); ks,
-// vs: an 8-bit cache's scales per column, nullptr otherwise), the columns where ok[s] is false left out; the result
-// (G, D) into out. w: room for G * span scores. Columns are taken a tile at a time for all G heads, so each 8-bit
-// or bfloat16 key and value is loaded and converted to floats once for the G heads, not once per head.
-constexpr int64_t COLUMN_TILE = 64;
-
+// An 8-bit or bfloat16 cache: a run's G query heads (G a constant, 1 to 4) a tile of columns at a time for all G,
+// so each key and value is loaded and converted to floats once for the G heads (and, inside a tile, read again
+// from the nearest cache for the run's next token); ks, vs: an 8-bit cache's scales per column, nullptr otherwise
 template <int G, typename T>
-static void attend_group(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
-                         const bool* ok, int64_t span, int64_t D, float scale, float* w, float* out) {
-  for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_scores<G>(q, kb, a, std::min(span, a + COLUMN_TILE), span, D, w);
-  softmax_rows(w, ks, vs, ok, span, G, scale);
-  std::fill(out, out + G * D, 0.f);
-  for (int64_t a = 0; a < span; a += COLUMN_TILE) tile_all_values<G>(w, vb, ok, a, std::min(span, a + COLUMN_TILE), span, D, out);
+static void attend_group(const Run& r, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
+                         const bool* ok, int64_t D, float scale) {
+  const int64_t widest = r.widest();
+  for (int64_t a = 0; a < widest; a += COLUMN_TILE)
+    for (int64_t t = 0; t < r.n; ++t) {
+      const int64_t span = r.columns[t] + 1;
+      if (a < span)
+        tile_scores<G>(r.q + t * r.q_step, kb, a, std::min(span, a + COLUMN_TILE), span, D, r.w + t * r.w_step);
+    }
+  for (int64_t t = 0; t < r.n; ++t) {
+    softmax_rows(r.w + t * r.w_step, ks, vs, ok, r.columns[t] + 1, G, scale);
+    std::fill(r.out + t * r.out_step, r.out + t * r.out_step + G * D, 0.f);
+  }
+  for (int64_t a = 0; a < widest; a += COLUMN_TILE)
+    for (int64_t t = 0; t < r.n; ++t) {
+      const int64_t span = r.columns[t] + 1;
+      if (a < span)
+        tile_all_values<G>(r.w + t * r.w_step, vb, ok, a, std::min(span, a + COLUMN_TILE), span, D,
+                           r.out + t * r.out_step);
+    }
 }
 
-// A float cache: attend_per_head. An 8-bit or bfloat16 cache: the tiles, G a constant for their register plans
+// A float cache: attend_per_head. An 8-bit or bfloat16 cache: attend_group, G a constant for its register plans
 // (query heads per key/value head 1 to 4; a model with more takes them in groups of at most 4, each group reading
 // the keys and values once)
 template <typename T>
-static void attend_heads(const float* q, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
-                         const bool* ok, int64_t span, int64_t G, int64_t D, float scale, float* w, float* out) {
+static void attend_heads(const Run& r, const T* kb, const T* vb, const at::Half* ks, const at::Half* vs,
+                         const bool* ok, int64_t G, int64_t D, float scale) {
   if constexpr (std::is_same<T, float>::value) {
-    attend_per_head(q, kb, vb, ok, span, G, D, scale, w, out);
-  } else {  // an 8-bit or a bfloat16 cache: the tiles (each key converted once for the group)
+    attend_per_head(r, kb, vb, ok, G, D, scale);
+  } else {
     for (int64_t j = 0; j < G; j += 4) {
       const int64_t n = std::min<int64_t>(4, G - j);
-      const float* qj = q + j * D;
-      float* oj = out + j * D;
+      Run part = r;  // query heads j..j+n-1 of each token: their scores in the same room, one group after another
+      part.q += j * D;
+      part.out += j * D;
       switch (n) {
-        case 1: attend_group<1>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-        case 2: attend_group<2>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-        case 3: attend_group<3>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
-        default: attend_group<4>(qj, kb, vb, ks, vs, ok, span, D, scale, w, oj); break;
+        case 1: attend_group<1>(part, kb, vb, ks, vs, ok, D, scale); break;
+        case 2: attend_group<2>(part, kb, vb, ks, vs, ok, D, scale); break;
+        case 3: attend_group<3>(part, kb, vb, ks, vs, ok, D, scale); break;
+        default: attend_group<4>(part, kb, vb, ks, vs, ok, D, scale); break;
       }
     }
   }
 }
 
+constexpr int64_t RUN_TOKENS = 4;  // a chunk is cut into runs of at most this many tokens (work for every thread)
+
 // attention of every token row and key/value head for one layer, after writing each row's key and value at its
 // cache row `rows[b]` and column `columns[b]` (all rows' first: tokens of one prompt chunk in one cache row then see
 // each other, each reading only the columns up to its own, which is causal attention): qkv (B, (H + 2 KV) D) rotated;
-// K, V (cache rows, KV, capacity, D) float32, bfloat16 or int8, and for an 8-bit cache their scales
+// K, V (cache rows, KV, capacity, D) float32, bfloat16 or int8, and for an 8-bit cache their scales.
+// Consecutive token rows of one cache row at consecutive columns (a chunk) are taken as runs of up to RUN_TOKENS
+// (attend_per_head, attend_group: a tile of keys read once for the run), each run and key/value head one piece of
+// work for the threads
 template <typename T>
 static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* vs, const bool* ok, int64_t B,
                          int64_t heads, int64_t KV, int64_t D, int64_t capacity, const int64_t* rows,
@@ -620,24 +709,31 @@ static void attend_layer(const float* qkv, T* K, T* V, at::Half* ks, at::Half* v
   const int64_t G = heads / KV, width = (heads + 2 * KV) * D;
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   int64_t widest = 0;
+  std::vector<int64_t> starts;  // the first token row of each run
   for (int64_t b = 0; b < B; ++b) {
     widest = std::max(widest, columns[b] + 1);
+    const bool goes_on = b > 0 && rows[b] == rows[b - 1] && columns[b] == columns[b - 1] + 1 &&
+                         b - starts.back() < RUN_TOKENS;
+    if (!goes_on) starts.push_back(b);
     for (int64_t g = 0; g < KV; ++g) {
       const int64_t cell = (rows[b] * KV + g) * capacity + columns[b];
       store_column(K + cell * D, ks ? ks + cell : nullptr, qkv + b * width + (heads + g) * D, D);
       store_column(V + cell * D, vs ? vs + cell : nullptr, qkv + b * width + (heads + KV + g) * D, D);
     }
   }
-  // per token row and key/value head, its G query heads together (attend_heads: how the G heads share the head's
-  // reads). Taken head by head (g outer, b inner): a prompt chunk's tokens, consecutive rows of one cache row, then
-  // read the same keys and values one after the other, which stay in the processor's cache between them
-  at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(G * widest);
-    for (int64_t gb = begin; gb < end; ++gb) {
-      const int64_t b = gb % B, g = gb / B, first = (rows[b] * KV + g) * capacity;
-      attend_heads(qkv + b * width + g * G * D, K + first * D, V + first * D, ks ? ks + first : nullptr,
-                   vs ? vs + first : nullptr, ok + rows[b] * capacity, columns[b] + 1, G, D, scale, w.data(),
-                   att + b * heads * D + g * G * D);
+  const int64_t runs = starts.size();
+  starts.push_back(B);
+  int64_t longest = 1;
+  for (int64_t k = 0; k < runs; ++k) longest = std::max(longest, starts[k + 1] - starts[k]);
+  // head by head (g outer, runs inner): the runs of one chunk read the same keys one after the other
+  at::parallel_for(0, runs * KV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(longest * G * widest);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t k = i % runs, g = i / runs, b = starts[k], first = (rows[b] * KV + g) * capacity;
+      const Run r{qkv + b * width + g * G * D, width, columns + b, starts[k + 1] - b, w.data(), G * widest,
+                  att + b * heads * D + g * G * D, heads * D};
+      attend_heads(r, K + first * D, V + first * D, ks ? ks + first : nullptr, vs ? vs + first : nullptr,
+                   ok + rows[b] * capacity, G, D, scale);
     }
   });
 }
