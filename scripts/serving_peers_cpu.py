@@ -16,7 +16,6 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,8 +47,8 @@ def serve(argv: list[str]) -> int:
     print(f"{STEP_LINE}{getattr(engine.model, 'step_kind', None) or getattr(engine.batch, 'step_kind', 'eager')}",
           flush=True)
     print("serving", flush=True)
-    while True:
-        time.sleep(60)
+    engine.run_here()  # the engine in this process's main thread (EngineThread.run_here says why), as llama-server's
+    return 0
 
 
 def main() -> int:

@@ -3,6 +3,8 @@ call over decode tokens and prompt chunks. A prompt read in chunks gives the log
 time, bit for bit, and near the eager model's; a request's tokens do not depend on what shares its steps or on the
 token budget; rows are freed and reused; bad options, requests that do not fit and bad cells are refused clearly;
 the server runs it when asked."""
+import threading
+
 import pytest
 import torch
 
@@ -216,8 +218,18 @@ def test_the_server_runs_slots_when_asked(tiny, tokenizer):
         long = {**body, "messages": [{"role": "user", "content": "word " * 300}]}
         refused = httpx.post(handle.url + "/v1/chat/completions", json=long, timeout=60)
         assert refused.status_code == 400 and "context_length_exceeded" in refused.text
+        # the loop moved to a thread of the caller's (the sittings' server runs it in its main thread): the
+        # background thread ends, the same scheduler goes on answering, and stop() ends the caller's loop
+        engine = handle.app.state.engine
+        caller = threading.Thread(target=engine.run_here)
+        caller.start()
+        again = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=60)
+        assert not engine.thread.is_alive() and caller.is_alive()
+        assert again.status_code == 200 and again.json()["choices"][0]["message"] == reply.json()["choices"][0]["message"]
     finally:
         handle.stop()
+    caller.join(timeout=10)
+    assert not caller.is_alive()
     with pytest.raises(ValueError, match="pass compiled=True"):
         create_app(tiny, tokenizer, fmt="int4-q8", kv_cache="slots")
     with pytest.raises(ValueError, match="options of the paged cache; slots have slot_capacity"):

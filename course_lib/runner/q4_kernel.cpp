@@ -843,6 +843,7 @@ torch::Tensor decode_layers(torch::Tensor x, std::vector<torch::Tensor> parts, s
                             std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
                             torch::Tensor seen, int64_t column, int64_t heads, int64_t kv_heads, double eps,
                             bool bf16_products) {
+  pybind11::gil_scoped_release no_gil;  // other Python threads run meanwhile (a server's event loop sends tokens)
   TORCH_CHECK(x.dim() == 2 && !keys.empty() && keys[0].dim() == 4 && keys[0].size(0) == x.size(0),
               "x must be (rows, hidden) and keys (rows, kv heads, capacity, D): one token per cache row");
   TORCH_CHECK(column >= 0 && column < keys[0].size(2), "the column must lie inside the cache");
@@ -860,6 +861,7 @@ torch::Tensor step_tokens(torch::Tensor x, std::vector<torch::Tensor> parts, std
                           std::vector<torch::Tensor> value_scales, torch::Tensor cos, torch::Tensor sin,
                           torch::Tensor seen, torch::Tensor rows, torch::Tensor columns, int64_t heads,
                           int64_t kv_heads, double eps, bool bf16_products) {
+  pybind11::gil_scoped_release no_gil;  // as decode_layers
   TORCH_CHECK(x.dim() == 2 && !keys.empty() && keys[0].dim() == 4, "x must be (tokens, hidden), keys 4-dimensional");
   const int64_t B = x.size(0);
   TORCH_CHECK(rows.scalar_type() == torch::kLong && columns.scalar_type() == torch::kLong && rows.is_contiguous() &&
