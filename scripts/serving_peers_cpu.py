@@ -117,7 +117,7 @@ def main() -> int:
         partial.write_text(json.dumps(record, indent=1))  # a later failure keeps the servers already driven
     record["comparison"] = serving_peers.compare(record["runs"])
     record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
-                  processor=_cpu_name(), file=Path(gguf).name)
+                  processor=_cpu_name(), file=Path(gguf).name, course_engine_loop="main thread")  # serve(): run_here
     tag = "" if args.gguf == "bundled" else "-" + Path(gguf).stem.split(".")[-1]  # -Q4_0 beside the course's file
     out = Path(args.out) / f"serving-peers-cpu-{record['when'][:10]}{tag}.json"
     if out.exists():  # the day's first sitting keeps its name: this one gets its hour and minute

@@ -74,7 +74,11 @@ def test_describe_names_each_course_configurations_decode_step_when_the_record_h
               "runs": runs, "comparison": serving_peers.compare(runs)}
     assert not any("decode steps" in line for line in serving_peers.describe(record))  # older records: no line
     lines = serving_peers.describe({**record, "course_steps": {"course compiled": "fused"}})
-    assert lines[1] == "  the course's decode steps: course compiled fused"
+    assert lines[1] == ("  the course's decode steps: course compiled fused; its engine loop in the server's "
+                        "background thread")
+    lines = serving_peers.describe({**record, "course_steps": {"course compiled": "fused"},
+                                    "course_engine_loop": "main thread"})
+    assert lines[1].endswith("its engine loop in the server's main thread")  # records since run_here say where it ran
     assert lines[-1].endswith("target missed")  # goodput 0.4 < 0.45
 
 

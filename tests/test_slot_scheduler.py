@@ -182,6 +182,18 @@ def test_a_row_keeps_its_last_requests_columns_for_a_prompt_that_starts_the_same
 
 
 @needs_kernel
+def test_a_newcomer_that_shares_nothing_takes_the_row_with_least_to_lose(small_q8, tokenizer):
+    document = tokenizer.encode("A long handbook every later question quotes in full, kept for them. " * 3)
+    scheduler = SlotScheduler(small_q8, slots=2, capacity=128, token_budget=None)
+    _serve(scheduler, [Job("doc", document + tokenizer.encode(" First?"), 4)])
+    kept = scheduler.written.index(max(scheduler.written, key=len))
+    _serve(scheduler, [Job("chat", tokenizer.encode("Nothing in common"), 4)])  # both rows share nothing with it
+    assert scheduler.written[kept][:len(document)] == document  # it took the empty row: the handbook stays
+    _serve(scheduler, [Job("doc2", document + tokenizer.encode(" Second?"), 4)])
+    assert scheduler.reused_tokens >= len(document)
+
+
+@needs_kernel
 def test_what_does_not_fit_is_refused_on_arrival_and_bad_options_clearly(small_q8, tiny, tokenizer):
     scheduler = SlotScheduler(small_q8, slots=2, capacity=16, token_budget=None)
     long = Job("long", list(range(100, 112)), 8)  # 12 + 8 > 16 columns
@@ -225,7 +237,8 @@ def test_the_server_runs_slots_when_asked(tiny, tokenizer):
         caller.start()
         again = httpx.post(handle.url + "/v1/chat/completions", json=body, timeout=60)
         assert not engine.thread.is_alive() and caller.is_alive()
-        assert again.status_code == 200 and again.json()["choices"][0]["message"] == reply.json()["choices"][0]["message"]
+        assert again.status_code == 200
+        assert again.json()["choices"][0]["message"] == reply.json()["choices"][0]["message"]
     finally:
         handle.stop()
     caller.join(timeout=10)

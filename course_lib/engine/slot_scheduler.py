@@ -5,7 +5,8 @@ path is the engine).
 What it does: `SlotScheduler` keeps `slots` rows of one KVCache of `capacity` columns each (llama-server's slots:
 a request keeps its row from admission to its end, so nothing is copied when others join or leave). Each step
 (`run`) frees the rows of finished requests and admits waiting ones (oldest first) into free rows, each into the
-free row whose last request began as its prompt does: the columns they share are kept, not read again (what
+free row whose last request began as its prompt does (among equals, the one holding the fewest tokens, so a long
+shared document waits in its row for the next question on it): the columns they share are kept, not read again (what
 llama-server does with a slot's last prompt; a lesser prefix cache than the paged one, which shares blocks between
 requests at once). Then it builds one list of tokens: each running request's last picked token at its row's next
 column, then prompt tokens of requests still being read, oldest first, within `token_budget` tokens in all (chunked
@@ -114,7 +115,9 @@ class SlotScheduler(Clock):
             job = self.waiting.pop(0)
             free = [r for r, held in enumerate(self.rows) if held is None]
             shared = {r: _common(self.written[r], job.prompt) for r in free}
-            row = max(free, key=lambda r: shared[r])  # the row whose last request began as this prompt does
+            # the row whose last request began as this prompt does; among equals the one holding the fewest tokens,
+            # so a long prefix (a shared document) stays for a request that can use it
+            row = max(free, key=lambda r: (shared[r], -len(self.written[r])))
             keep = min(shared[row], len(job.prompt) - 1)  # its last prompt token is read again: its logits
             self.written[row] = self.written[row][:keep]
             self.rows[row], self.columns[row], self.read[job.name], self.row_of[job.name] = job, keep, keep, row

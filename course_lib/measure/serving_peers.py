@@ -121,7 +121,8 @@ def describe(record: dict) -> list[str]:
              f"no gap over {record['gap_target_s']:.0f} s count as good"]
     if record.get("course_steps"):  # newer records: what each course configuration's decode step ran
         lines.append("  the course's decode steps: " + ", ".join(f"{name} {kind}" for name, kind
-                                                               in record["course_steps"].items()))
+                                                               in record["course_steps"].items())
+                     + f"; its engine loop in the server's {record.get('course_engine_loop', 'background thread')}")
     for name, runs in record["runs"].items():
         for r in runs:
             lines.append(f"  {name:<22} {r['rate']:.2f} req/s: first token p50 {r['ttft_p50_s']:.2f} p99 "

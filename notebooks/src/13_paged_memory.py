@@ -545,6 +545,53 @@ else:
 # depends on what your users notice; a fair comparison reports both, as these lines do. Chunks small
 # enough to cost little more than a decode step keep both low, if the step is fast: the slots lines
 # show how close that came to llama-server's p99, and what it cost in time to first token.
+#
+# One more condition of those sittings: where the engine's loop runs. llama-server runs its slots in its
+# process's main thread and answers HTTP on others; since 2026-12-07 the sittings' course server does the
+# same (`EngineThread.run_here`). A server started from a notebook, like the ones above, runs its loop in a
+# background thread, because the notebook's main thread is yours. That should not matter, and yet: the
+# fused step splits each product over OpenMP's threads, and OpenMP (GCC's libgomp, which torch ships) lets
+# its helper threads wait for the next piece of work by spinning only while it manages no more threads than
+# the process may use CPUs; past that it puts them to sleep, and each piece of the step's work (every product
+# and every attention, in each block) then starts by waking one. A loop in a second thread, with its own helpers, can cross that line on a
+# machine with few cores. The next cell times one fused decode step in this notebook's main thread, then
+# the same step from a background thread.
+
+# %%
+import os
+import threading
+from course_lib.runner.formats import convert
+from course_lib.runner.fused_step import FusedDecode, why_not_fused
+
+fast = convert(ours, "int4-q8")
+if why_not_fused(fast):
+    print("no fused step on this machine:", why_not_fused(fast))
+else:
+    fused, row, medians = FusedDecode(fast), fast.new_cache(1, 512), {}
+    words = tokenizer.encode("A short text that fills the first columns of one cache row. " * 12)[:100]
+    fused.tokens_at(words, row, [0] * len(words), list(range(len(words))), [])  # 100 columns written
+
+    def time_steps(where: str) -> None:
+        seconds = []
+        for column in range(100, 140):  # decode steps, each one token at the row's next column
+            start = time.perf_counter()
+            fused.tokens_at([words[-1]], row, [0], [column], [0])
+            seconds.append(time.perf_counter() - start)
+        medians[where] = sorted(seconds)[len(seconds) // 2]
+
+    time_steps("the main thread")
+    background = threading.Thread(target=time_steps, args=("a background thread",))
+    background.start()
+    background.join()
+    for where, seconds in medians.items():
+        print(f"one fused decode step from {where}: median {1000 * seconds:.2f} ms "
+              f"({torch.get_num_threads()} compute threads, {len(os.sched_getaffinity(0))} CPUs for this process)")
+
+# %% [markdown]
+# If the two medians are close, this machine has cores to spare and it makes no difference where the loop
+# runs. If the background thread's is the larger, every token a notebook's server sends pays that
+# difference, and a server meant to be fast runs its loop in its main thread, as llama-server and the
+# sittings do (vLLM goes further: its engine runs in a process of its own).
 
 # %% [markdown]
 # ## 7. Several answers to one prompt: fork the blocks, copy on write
