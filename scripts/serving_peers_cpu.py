@@ -77,7 +77,7 @@ def main() -> int:
     record = {"threads": args.threads, "cores": cores, "rates": list(traces), "requests_per_rate":
               serving_peers.REQUESTS, "max_tokens": serving_peers.MAX_TOKENS, "ttft_target_s":
               serving_peers.TTFT_TARGET_S, "gap_target_s": serving_peers.GAP_TARGET_S, "order": order, "runs": {},
-              "ready_s": {}, "machine": {}, "commands": {},
+              "ready_s": {}, "machine": {}, "commands": {}, "course_engine_loop": "main thread",  # serve(): run_here
               "course_steps": {}, "course_configs": {name: serving_peers.COURSE_CONFIGS[name]
                                                      for name in course}}
     version = subprocess.run([args.llama_server, "--version"], capture_output=True, text=True, timeout=60)
@@ -117,7 +117,7 @@ def main() -> int:
         partial.write_text(json.dumps(record, indent=1))  # a later failure keeps the servers already driven
     record["comparison"] = serving_peers.compare(record["runs"])
     record.update(when=datetime.now(timezone.utc).isoformat(timespec="seconds"), host=platform.node(),
-                  processor=_cpu_name(), file=Path(gguf).name, course_engine_loop="main thread")  # serve(): run_here
+                  processor=_cpu_name(), file=Path(gguf).name)
     tag = "" if args.gguf == "bundled" else "-" + Path(gguf).stem.split(".")[-1]  # -Q4_0 beside the course's file
     out = Path(args.out) / f"serving-peers-cpu-{record['when'][:10]}{tag}.json"
     if out.exists():  # the day's first sitting keeps its name: this one gets its hour and minute

@@ -522,16 +522,16 @@ else:
 # Both servers are greedy on the same file, but their arithmetic differs, so their answers can part
 # after a few tokens; the record keeps every text.
 #
-# Read the course lines against section 6. Where the record says the compiled configuration ran the
-# fused step, compare its median gap between tokens with llama-server's. But its contiguous cache reads
-# every prompt whole, through the int4 format's prefill (torch's 4-bit kernel, many rows at once), and
-# each handbook-sized prompt stalls every running request for as long as that takes: that, not the
-# step, sets its p99 gap, and when prompts come faster than it reads them the stalls pile up and time
-# to first token runs past its target. The paged configuration reads prompts in chunks and finds the
-# shared handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while its median
-# gap is an eager step's, near three times the fused one's. The slots configuration joins the two: the
-# fused step's speed, and chunks small enough that a step holding one costs a few decode steps, not a
-# whole prompt's read. Compare its p99 gap with llama-server's, then its longest gap with llama-server's longest.
+# Read the course lines against section 6. Where the record says the compiled configuration ran the fused step,
+# compare its median gap between tokens with llama-server's. But its contiguous cache reads every prompt whole,
+# through the int4 format's prefill (torch's 4-bit kernel, many rows at once), and each handbook-sized prompt
+# stalls every running request for as long as that takes: compare its longest gap with its median. At the higher
+# rates the stalls set its p99 gap too, and when prompts come faster than it reads them they pile up and time to
+# first token runs past its target. The paged configuration reads prompts in chunks and finds the shared
+# handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while its median gap is an eager
+# step's, two to four times the fused ones'. The slots configuration joins the two: the fused step's speed, and
+# chunks small enough that a step holding one costs a few decode steps, not a whole prompt's read. Compare its
+# p99 gap with llama-server's, then its longest gap with llama-server's longest.
 # llama-server ran with its default settings: a long prompt goes in micro-batches of several hundred
 # tokens, and each slot keeps its own last prompt for reuse, as the course's slots now do.
 #
@@ -547,21 +547,22 @@ else:
 # show how close that came to llama-server's p99, and what it cost in time to first token.
 #
 # One more condition of those sittings: where the engine's loop runs. llama-server runs its slots in its
-# process's main thread and answers HTTP on others; since 2026-12-07 the sittings' course server does the
-# same (`EngineThread.run_here`). A server started from a notebook, like the ones above, runs its loop in a
-# background thread, because the notebook's main thread is yours. That should not matter, and yet: the
-# fused step splits each product over OpenMP's threads, and OpenMP (GCC's libgomp, which torch ships) lets
-# its helper threads wait for the next piece of work by spinning only while it manages no more threads than
-# the process may use CPUs; past that it puts them to sleep, and each piece of the step's work (every product
-# and every attention, in each block) then starts by waking one. A loop in a second thread, with its own helpers, can cross that line on a
-# machine with few cores. The next cell times one fused decode step in this notebook's main thread, then
-# the same step from a background thread.
+# process's main thread and answers HTTP on others; since 2026-12-07 the sittings' course server does the same
+# (`EngineThread.run_here`). A server started from a notebook, like the ones above, runs its loop in a
+# background thread, because the notebook's main thread is yours. That should not matter, and yet: the fused
+# step splits each product over OpenMP's threads, and OpenMP (GCC's libgomp, which torch ships) lets its helper
+# threads wait for the next piece of work by spinning only while it manages no more threads than the process may
+# use CPUs; past that it puts them to sleep, and each piece of the step's work (every product and every
+# attention, in each block) then starts by waking one. A loop in a second thread, with its own helpers, can
+# cross that line on a machine with few cores. The next cell times one fused decode step in this notebook's main
+# thread, then the same step from a background thread.
 
 # %%
 import os
 import threading
 from course_lib.runner.formats import convert
 from course_lib.runner.fused_step import FusedDecode, why_not_fused
+from course_lib.runtime import time_it
 
 fast = convert(ours, "int4-q8")
 if why_not_fused(fast):
@@ -572,12 +573,9 @@ else:
     fused.tokens_at(words, row, [0] * len(words), list(range(len(words))), [])  # 100 columns written
 
     def time_steps(where: str) -> None:
-        seconds = []
-        for column in range(100, 140):  # decode steps, each one token at the row's next column
-            start = time.perf_counter()
-            fused.tokens_at([words[-1]], row, [0], [column], [0])
-            seconds.append(time.perf_counter() - start)
-        medians[where] = sorted(seconds)[len(seconds) // 2]
+        columns = iter(range(100, 150))  # decode steps, each one token at the row's next column
+        medians[where] = time_it(lambda: fused.tokens_at([words[-1]], row, [0], [next(columns)], [0]),
+                                 repeats=36, warmup=2).median
 
     time_steps("the main thread")
     background = threading.Thread(target=time_steps, args=("a background thread",))
@@ -721,6 +719,9 @@ plt.show()
 # - Slots (a row of one cache per request, each step one fused C++ call over the decode tokens and a
 #   prompt chunk) put the fast step and short chunks together; the committed sittings against
 #   llama-server say, per rate, where that met the target and by how much it missed.
+# - Where the engine's loop runs is a condition of every serving number: on a machine with few cores a step
+#   driven from a background thread can cost more (OpenMP's helpers sleep between pieces of work), so the
+#   sittings' server runs its loop in its main thread, as llama-server does (section 6 timed one step both ways).
 # - n answers to one prompt share its full blocks by reference count and copy only the partial last block
 #   when they first write into it: one prompt read, one prompt held (section 7 counted the blocks). A vote
 #   over sampled answers helps only where the right answer is the model's most common one.
