@@ -529,7 +529,7 @@ else:
 # rates the stalls set its p99 gap too, and when prompts come faster than it reads them they pile up and time to
 # first token runs past its target. The paged configuration reads prompts in chunks and finds the shared
 # handbook in its prefix cache, so its worst gaps stay near one chunk's cost, while its median gap is an eager
-# step's, two to four times the fused ones'. The slots configuration joins the two: the fused step's speed, and
+# step's, up to four times the fused ones'. The slots configuration joins the two: the fused step's speed, and
 # chunks small enough that a step holding one costs a few decode steps, not a whole prompt's read. Compare its
 # p99 gap with llama-server's, then its longest gap with llama-server's longest.
 # llama-server ran with its default settings: a long prompt goes in micro-batches of several hundred
