@@ -47,8 +47,8 @@ class EngineThread:
         sent meanwhile wait in the queue), then this thread runs the same loop. For a process whose main thread has
         nothing else to do, as llama-server runs its slots in its main thread.
         Why: on the course's 2-core machine the fused step ran about twice as slowly from a thread other than the
-        process's main one at two OpenMP threads (one row: 4.4-4.8 ms a step in the main thread, 9.4-10.7 in another
-        thread, 2026-12-07); at one thread 5.0 against 6.1."""
+        process's main one at two OpenMP threads (one row: 3.4-4.8 ms a step in the main thread, 8.7-11.6 in another
+        thread, 2026-12-07; lesson 13 times it); at one thread 5.0 against 6.1."""
         self._stop.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join()
